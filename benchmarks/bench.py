@@ -1,0 +1,437 @@
+"""Compare fa with every attention implementation PyTorch has, in one process, on the GPU present.
+
+    python benchmarks/bench.py                      # the default suite (README's table)
+    python benchmarks/bench.py --shapes 4,64,8192,128 --mode bwd --impl fa,cudnn,flash
+    python benchmarks/bench.py --sweep --plot       # TFLOP/s against sequence length, PNG
+
+Each implementation is timed with CUDA events (triton.testing.do_bench, median of warmed-up
+repeats). TFLOP/s counts 4·B·H·Sq·Sk·D for the forward (two matmuls of 2·Sq·Sk·D each), halved
+when causal, and 2.5x that for the backward (five matmuls). Every fa result is checked against
+SDPA's in the same run; a mismatch fails the run, so a wrong kernel never yields a fast number.
+"""
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_SHAPES = [(1, 64, 1024, 128), (2, 64, 4096, 128), (4, 64, 8192, 128), (16, 16, 2048, 64)]
+SWEEP_SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
+SWEEP_HEAD_DIMS = [64, 128, 256]
+SWEEP_TOKENS = 16384  # batch · seqlen held fixed across a sweep
+SWEEP_WIDTH = 2048  # heads · head_dim held fixed across a sweep
+ALL_IMPLS = ["fa", "flash", "cudnn", "efficient", "math", "naive"]
+BACKWARD_FLOP_FACTOR = 2.5
+# fa vs SDPA: max |difference| over max |SDPA|; fp16/bf16 kernels differ by ~3e-3 at these sizes.
+MISMATCH_TOLERANCE = {"fwd": 2e-2, "bwd": 5e-2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    batch: int
+    heads: int
+    seqlen: int
+    head_dim: int
+    causal: bool
+    mode: str  # "fwd" or "bwd"
+    dtype: str = "float16"
+
+    @property
+    def shape(self) -> Tuple[int, int, int, int]:
+        return (self.batch, self.heads, self.seqlen, self.head_dim)
+
+
+@dataclasses.dataclass
+class Result:
+    case: Case
+    impl: str
+    ms: Optional[float] = None
+    tflops: Optional[float] = None
+    extra_mem_mb: Optional[float] = None
+    speedup_vs_naive: Optional[float] = None
+    ratio_to_cudnn: Optional[float] = None
+    note: str = ""
+
+
+def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal, mode="fwd") -> float:
+    """4·B·H·Sq·Sk·D for the forward, halved when causal; 2.5x that for the backward."""
+    flops = 4.0 * batch * heads * seqlen_q * seqlen_k * head_dim
+    if causal:
+        flops /= 2
+    if mode == "bwd":
+        flops *= BACKWARD_FLOP_FACTOR
+    return flops
+
+
+def tflops(case: Case, ms: float) -> float:
+    b, h, s, d = case.shape
+    return attention_flops(b, h, s, s, d, case.causal, case.mode) / (ms * 1e-3) / 1e12
+
+
+def naive_attention(q, k, v, causal):
+    """The textbook baseline: matmul, mask, softmax, matmul; materialises the S x S matrix."""
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    if causal:
+        s = q.size(-2)
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def sdpa_backend(name: str):
+    from torch.nn.attention import SDPBackend
+
+    return {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[name]
+
+
+def make_impl(name: str) -> Callable:
+    if name == "fa":
+        import fa
+
+        return lambda q, k, v, causal: fa.attention(q, k, v, causal=causal)
+    if name == "naive":
+        return naive_attention
+    from torch.nn.attention import sdpa_kernel
+
+    backend = sdpa_backend(name)
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def materialises_scores(impl: str) -> bool:
+    return impl in ("naive", "math")
+
+
+def scores_bytes(case: Case) -> int:
+    """What an implementation that materialises S x S needs: scores, probabilities and, for the
+    backward, their gradients, in the input dtype (math upcasts to float32: count 4 bytes)."""
+    b, h, s, _ = case.shape
+    copies = 3 if case.mode == "fwd" else 6
+    return b * h * s * s * 4 * copies
+
+
+def time_ms(fn: Callable[[], object]) -> float:
+    """Median milliseconds of fn over warmed-up repeats, timed with CUDA events."""
+    try:
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=50, rep=300, return_mode="median"))
+    except ImportError:
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(30):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
+
+
+def make_inputs(case: Case, device="cuda", requires_grad=False):
+    dtype = getattr(torch, case.dtype)
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(case.shape, device=device, dtype=dtype, generator=gen) for _ in range(3))
+    if requires_grad:
+        for t in (q, k, v):
+            t.requires_grad_()
+    return q, k, v
+
+
+def run_case(case: Case, impl: str, fn: Callable, inputs) -> Tuple[float, float, torch.Tensor]:
+    """Times one implementation on one case: (ms, peak extra MB, output or gradients)."""
+    q, k, v = inputs
+    if case.mode == "fwd":
+        with torch.no_grad():
+            call = lambda: fn(q, k, v, case.causal)  # noqa: E731
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            result = call()
+            torch.cuda.synchronize()
+            extra = torch.cuda.max_memory_allocated() - base
+            ms = time_ms(call)
+        return ms, extra / 2**20, result.detach()
+    out = fn(q, k, v, case.causal)
+    dout = torch.randn_like(out)
+    call = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    grads = call()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    ms = time_ms(call)
+    return ms, extra / 2**20, torch.cat([g.flatten() for g in grads])
+
+
+def relative_mismatch(got: torch.Tensor, ref: torch.Tensor) -> float:
+    scale = ref.abs().max().float().clamp_min(1e-6)
+    return ((got.float() - ref.float()).abs().max() / scale).item()
+
+
+def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None) -> Tuple[List[Result], List[str]]:
+    """Runs every impl on every case; returns the results and the fa mismatches found."""
+    results, mismatches = [], []
+    free_bytes = torch.cuda.mem_get_info()[0]
+    fns = {name: make_impl(name) for name in impls}
+    for case in cases:
+        inputs = make_inputs(case, requires_grad=case.mode == "bwd")
+        outputs: Dict[str, torch.Tensor] = {}
+        case_results = []
+        for impl in impls:
+            res = Result(case, impl)
+            if materialises_scores(impl) and scores_bytes(case) > 0.8 * free_bytes:
+                res.note = f"skipped: S x S needs ~{scores_bytes(case) / 2**30:.0f} GiB"
+            else:
+                try:
+                    res.ms, res.extra_mem_mb, outputs[impl] = run_case(case, impl, fns[impl], inputs)
+                    res.tflops = tflops(case, res.ms)
+                except (RuntimeError, torch.cuda.OutOfMemoryError) as err:  # backend not available
+                    res.note = f"unavailable: {str(err).splitlines()[0][:80]}"
+                    torch.cuda.empty_cache()
+            case_results.append(res)
+            if progress:
+                progress()
+        check_fa(case, outputs, mismatches)
+        fill_ratios(case_results)
+        results.extend(case_results)
+        del inputs, outputs
+        torch.cuda.empty_cache()
+    return results, mismatches
+
+
+def check_fa(case: Case, outputs: Dict[str, torch.Tensor], mismatches: List[str]) -> None:
+    if "fa" not in outputs:
+        return
+    for ref_name in ("flash", "cudnn", "efficient", "math"):
+        if ref_name in outputs:
+            err = relative_mismatch(outputs["fa"], outputs[ref_name])
+            if not err <= MISMATCH_TOLERANCE[case.mode]:
+                mismatches.append(f"{case}: fa differs from SDPA {ref_name} by {err:.2e} (relative max)")
+            return
+    mismatches.append(f"{case}: no SDPA result to check fa against")
+
+
+def fill_ratios(case_results: List[Result]) -> None:
+    by_impl = {r.impl: r for r in case_results}
+    naive = by_impl.get("naive")
+    cudnn = by_impl.get("cudnn")
+    for r in case_results:
+        if r.ms is None:
+            continue
+        if naive is not None and naive.ms:
+            r.speedup_vs_naive = naive.ms / r.ms
+        if cudnn is not None and cudnn.ms:
+            r.ratio_to_cudnn = cudnn.ms / r.ms
+
+
+def _fmt(value, spec):
+    return "" if value is None else format(value, spec)
+
+
+def markdown_table(results: Sequence[Result]) -> str:
+    header = ("| shape (B, H, S, D) | causal | mode | impl | ms | TFLOP/s | vs naive | vs cuDNN "
+              "| extra MB | note |")
+    lines = [header, "|" + "---|" * 10]
+    for r in results:
+        c = r.case
+        lines.append(
+            f"| {c.shape} | {int(c.causal)} | {c.mode} | {r.impl} | {_fmt(r.ms, '.3f')} | "
+            f"{_fmt(r.tflops, '.0f')} | {_fmt(r.speedup_vs_naive, '.2f')} | {_fmt(r.ratio_to_cudnn, '.2f')} | "
+            f"{_fmt(r.extra_mem_mb, '.0f')} | {r.note} |"
+        )
+    return "\n".join(lines)
+
+
+def result_rows(results: Sequence[Result]) -> List[dict]:
+    rows = []
+    for r in results:
+        row = dataclasses.asdict(r.case)
+        row.update({k: v for k, v in dataclasses.asdict(r).items() if k != "case"})
+        rows.append(row)
+    return rows
+
+
+def write_results(results: Sequence[Result], out_dir: Path, stem: str, meta: dict) -> Tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = result_rows(results)
+    csv_path, json_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.json"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["impl"])
+        writer.writeheader()
+        writer.writerows(rows)
+    json_path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+    return csv_path, json_path
+
+
+def plot_sweep(results: Sequence[Result], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r.case.head_dim, r.case.causal, r.case.mode) for r in results})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (d, causal, mode) in zip(axes[0], panels):
+        for impl in sorted({r.impl for r in results}):
+            pts = sorted((r.case.seqlen, r.tflops) for r in results
+                         if r.impl == impl and r.tflops and (r.case.head_dim, r.case.causal, r.case.mode) == (d, causal, mode))
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"head dim {d}, {'causal' if causal else 'full'}, {mode}")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def sweep_cases(dtype: str, causal_values, modes) -> List[Case]:
+    cases = []
+    for d in SWEEP_HEAD_DIMS:
+        for s in SWEEP_SEQLENS:
+            for causal in causal_values:
+                for mode in modes:
+                    cases.append(Case(max(1, SWEEP_TOKENS // s), SWEEP_WIDTH // d, s, d, causal, mode, dtype))
+    return cases
+
+
+def parse_shapes(text: str) -> List[Tuple[int, int, int, int]]:
+    shapes = []
+    for part in text.replace(" ", "").split(";"):
+        if part:
+            dims = tuple(int(x) for x in part.strip("()").split(","))
+            if len(dims) != 4:
+                raise argparse.ArgumentTypeError(f"shape '{part}' is not B,H,S,D")
+            shapes.append(dims)
+    return shapes
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES, help="'B,H,S,D;B,H,S,D'")
+    p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    p.add_argument("--causal", choices=["0", "1", "both"], default="both")
+    p.add_argument("--mode", choices=["fwd", "bwd", "fwd+bwd"], default="fwd+bwd")
+    p.add_argument("--impl", default=",".join(ALL_IMPLS), help="comma-separated: " + ",".join(ALL_IMPLS))
+    p.add_argument("--sweep", action="store_true",
+                   help=f"sequence lengths {SWEEP_SEQLENS} for head dims {SWEEP_HEAD_DIMS} instead of --shapes")
+    p.add_argument("--plot", action="store_true", help="write a PNG of TFLOP/s against sequence length")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: a timestamp)")
+    args = p.parse_args(argv)
+    args.impl = [i for i in args.impl.split(",") if i]
+    unknown = set(args.impl) - set(ALL_IMPLS)
+    if unknown:
+        p.error(f"unknown --impl {sorted(unknown)}; choose from {ALL_IMPLS}")
+    args.causal_values = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
+    args.modes = ["fwd", "bwd"] if args.mode == "fwd+bwd" else [args.mode]
+    return args
+
+
+def build_cases(args) -> List[Case]:
+    if args.sweep:
+        return sweep_cases(args.dtype, args.causal_values, args.modes)
+    return [Case(*shape, causal, mode, args.dtype)
+            for shape in args.shapes for causal in args.causal_values for mode in args.modes]
+
+
+def environment() -> dict:
+    import subprocess
+
+    meta = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    try:
+        meta["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                        cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except OSError:
+        meta["commit"] = None
+    if torch.cuda.is_available():
+        meta["gpu"] = torch.cuda.get_device_name()
+        meta["cudnn"] = torch.backends.cudnn.version()
+    try:
+        import fa
+
+        meta["fa"] = fa.__version__
+        meta["fa_kernel_family"] = fa.build_info().get("device_kernel_family")
+    except ImportError as err:
+        meta["fa"] = f"not importable: {err}"
+    return meta
+
+
+def cpu_demo() -> int:
+    """No GPU: show fa's CPU path against the naive baseline on a small case instead."""
+    import fa
+
+    print("No CUDA GPU: running a small CPU demonstration of fa's CPU path (correct, not fast).")
+    q, k, v = (torch.randn(1, 4, 512, 64, dtype=torch.bfloat16) for _ in range(3))
+    for name, fn in (("fa (CPU path)", lambda: fa.attention(q, k, v, causal=True)),
+                     ("naive", lambda: naive_attention(q, k, v, True))):
+        fn()
+        start = time.perf_counter()
+        out = fn()
+        print(f"  {name:14s} {1e3 * (time.perf_counter() - start):8.2f} ms")
+    err = (fa.attention(q, k, v, causal=True).float() - naive_attention(q.float(), k.float(), v.float(), True)).abs().max()
+    print(f"  max |fa - float32 naive| = {err:.2e}")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        return cpu_demo()
+    meta = environment()
+    cases = build_cases(args)
+    print(f"# {meta.get('gpu')}, torch {meta['torch']}, cuDNN {meta.get('cudnn')}, fa {meta.get('fa')} "
+          f"({meta.get('fa_kernel_family')}), commit {meta.get('commit')}", flush=True)
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cases) * len(args.impl), desc="bench", file=sys.stderr)
+        tick = lambda: bar.update(1)  # noqa: E731
+    except ImportError:
+        count = [0]
+
+        def tick():
+            count[0] += 1
+            print(f"\r{count[0]}/{len(cases) * len(args.impl)}", end="", file=sys.stderr, flush=True)
+
+    results, mismatches = benchmark(cases, args.impl, progress=tick)
+    print(file=sys.stderr)
+    print(markdown_table(results))
+    print("\nTFLOP/s = 4·B·H·Sq·Sk·D / time (forward), halved when causal, x2.5 for the backward; "
+          "'vs naive' and 'vs cuDNN' are time ratios (>1: this impl is faster).")
+    stem = args.name or time.strftime("bench-%Y%m%d-%H%M%S")
+    csv_path, json_path = write_results(results, args.out, stem, meta)
+    print(f"results: {csv_path} {json_path}")
+    if args.plot:
+        print(f"plot: {plot_sweep(results, args.out / f'{stem}.png')}")
+    if mismatches:
+        print("\nFA MISMATCHES (the run fails):\n" + "\n".join(mismatches))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

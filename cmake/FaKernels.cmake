@@ -1,0 +1,89 @@
+# The kernels that ship, and the library that holds them.
+#
+# Each row of FA_KERNEL_TABLE is one kernel family's entry point; every row is instantiated for each
+# dtype in FA_DTYPES, each head dim in FA_HEAD_DIMS and causal off/on, one generated translation unit
+# apiece (named for what it holds, e.g. sm80_fwd_hdim128_fp16_causal.cu), so builds run in parallel
+# and a subset can be configured.
+#
+#   family | direction | entry point (namespace fa::<family>) | params struct
+set(FA_KERNEL_TABLE
+  "sm80|fwd|run_forward|ForwardParams"
+)
+set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
+set(FA_SUPPORTED_DTYPES fp16 bf16)
+
+foreach(_hdim IN LISTS FA_HEAD_DIMS)
+  if(NOT _hdim IN_LIST FA_SUPPORTED_HEAD_DIMS)
+    message(FATAL_ERROR "fa: FA_HEAD_DIMS entry '${_hdim}' is not one of ${FA_SUPPORTED_HEAD_DIMS}")
+  endif()
+endforeach()
+foreach(_dtype IN LISTS FA_DTYPES)
+  if(NOT _dtype IN_LIST FA_SUPPORTED_DTYPES)
+    message(FATAL_ERROR "fa: FA_DTYPES entry '${_dtype}' is not one of ${FA_SUPPORTED_DTYPES}")
+  endif()
+endforeach()
+
+set(FA_GENERATED_DIR "${CMAKE_CURRENT_BINARY_DIR}/generated")
+
+# fa_add_kernel_library(<target>): a static library of every instantiation above, and
+# ${FA_GENERATED_DIR}/fa/build_config.h, which tells the binding what the library holds.
+function(fa_add_kernel_library target)
+  set(_sources "")
+  foreach(_flag SM80_FWD SM80_BWD FP16 BF16)
+    set(FA_CFG_${_flag} false)
+  endforeach()
+  foreach(_row IN LISTS FA_KERNEL_TABLE)
+    string(REPLACE "|" ";" _row "${_row}")
+    list(GET _row 0 FA_FAMILY)
+    list(GET _row 1 FA_DIRECTION)
+    list(GET _row 2 FA_ENTRY)
+    list(GET _row 3 FA_PARAMS)
+    string(TOUPPER "${FA_FAMILY}_${FA_DIRECTION}" _family_dir)
+    set(FA_CFG_${_family_dir} true)
+    foreach(_dtype IN LISTS FA_DTYPES)
+      if(_dtype STREQUAL "fp16")
+        set(FA_TAG Float16)
+      else()
+        set(FA_TAG BFloat16)
+      endif()
+      foreach(FA_HDIM IN LISTS FA_HEAD_DIMS)
+        foreach(FA_CAUSAL IN ITEMS false true)
+          set(_name "${FA_FAMILY}_${FA_DIRECTION}_hdim${FA_HDIM}_${_dtype}")
+          if(FA_CAUSAL)
+            string(APPEND _name "_causal")
+          endif()
+          configure_file("${PROJECT_SOURCE_DIR}/cpp/instantiations/instantiation.cu.in"
+                         "${FA_GENERATED_DIR}/instantiations/${_name}.cu" @ONLY)
+          list(APPEND _sources "${FA_GENERATED_DIR}/instantiations/${_name}.cu")
+        endforeach()
+      endforeach()
+    endforeach()
+  endforeach()
+  foreach(_dtype IN LISTS FA_DTYPES)
+    string(TOUPPER "${_dtype}" _up)
+    set(FA_CFG_${_up} true)
+  endforeach()
+  string(REPLACE ";" ", " FA_CFG_HEAD_DIMS "${FA_HEAD_DIMS}")
+  string(REPLACE ";" "," FA_CFG_ARCHS "${FA_CUDA_ARCHS}")
+  configure_file("${PROJECT_SOURCE_DIR}/cpp/include/fa/build_config.h.in"
+                 "${FA_GENERATED_DIR}/fa/build_config.h" @ONLY)
+
+  add_library(${target} STATIC ${_sources})
+  target_include_directories(${target}
+    PUBLIC "${PROJECT_SOURCE_DIR}/cpp/include" "${FA_GENERATED_DIR}"
+    PRIVATE "${PROJECT_SOURCE_DIR}/cpp" "${FA_CUTLASS_INCLUDE_DIR}")
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:${FA_GENCODE_FLAGS} -O3 --use_fast_math --expt-relaxed-constexpr
+      -DNDEBUG -Xcudafe=--diag_suppress=177>)
+  if(FA_LINEINFO)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
+  endif()
+  if(FA_PTXAS_VERBOSE)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
+  endif()
+  set_target_properties(${target} PROPERTIES
+    CUDA_ARCHITECTURES OFF
+    CUDA_STANDARD 17
+    CUDA_STANDARD_REQUIRED ON
+    POSITION_INDEPENDENT_CODE ON)
+endfunction()

@@ -1,0 +1,51 @@
+// Which scores a query row may see, as a policy plugged into the mainloop.
+//
+// Two reasons hide a score: its key lies past seqlen_k (the last key tile is partial), and, when
+// kCausal, its key lies after the row's diagonal. The diagonal is bottom-right aligned: query i
+// sees key j iff j <= i + (seqlen_k - seqlen_q), the usual lower triangle when the lengths match.
+// The mainloop applies the mask only to the few tiles that cross the diagonal or the end of the
+// keys (see first_masked_tile); all other tiles are fully visible and pay nothing.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+namespace fa {
+
+template <bool kCausal>
+struct AttentionMask {
+  int seqlen_k;
+  int diagonal;  // seqlen_k - seqlen_q
+
+  CUTE_DEVICE AttentionMask(int seqlen_q, int seqlen_k_)
+      : seqlen_k(seqlen_k_), diagonal(seqlen_k_ - seqlen_q) {}
+
+  // How many key tiles a query tile of rows [row_begin, row_end) sees at all.
+  CUTE_DEVICE int visible_tiles(int row_end, int block_n) const {
+    const int keys = kCausal ? cute::min(seqlen_k, cute::max(0, row_end + diagonal)) : seqlen_k;
+    return (keys + block_n - 1) / block_n;
+  }
+
+  // Key tiles [0, first_masked_tile) are complete and fully visible to every row of the tile that
+  // starts at row_begin; the tiles from there on need apply().
+  CUTE_DEVICE int first_masked_tile(int row_begin, int block_n) const {
+    const int full_tiles = seqlen_k / block_n;
+    if constexpr (!kCausal) return full_tiles;
+    // Tile n is fully visible to row r iff its last key n·block_n + block_n - 1 <= r + diagonal.
+    return cute::min(full_tiles, cute::max(0, (row_begin + diagonal + 1) / block_n));
+  }
+
+  // scores: an accumulator tile; coords: the (row, key) coordinates of its elements within the
+  // tile (an identity tensor partitioned the same way); row0/key0: where the tile starts.
+  template <class Scores, class Coords>
+  CUTE_DEVICE void apply(Scores& scores, Coords const& coords, int row0, int key0) const {
+    CUTE_UNROLL
+    for (int i = 0; i < cute::size(scores); ++i) {
+      const int row = row0 + cute::get<0>(coords(i));
+      const int key = key0 + cute::get<1>(coords(i));
+      const bool hidden = key >= seqlen_k || (kCausal && key > row + diagonal);
+      if (hidden) scores(i) = -INFINITY;
+    }
+  }
+};
+
+}  // namespace fa

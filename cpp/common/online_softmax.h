@@ -1,0 +1,102 @@
+// The online softmax: softmax over a row that arrives one key tile at a time.
+//
+// For each row the thread keeps the running max m of the scores seen so far and the running sum
+// l = Σ exp(scale · (s - m)). A new tile with a larger max m' rescales l and the output accumulator
+// O by exp(scale · (m - m')); after the last tile O / l is the softmax-weighted sum of V, and
+// scale · m + log(l) the row's log-sum-exp.
+//
+// exp is computed as exp2 with the scale folded into log2(e) (scale_log2 = scale · log2 e), so
+// each probability costs one FFMA and one MUFU.EX2: exp2(s · scale_log2 - m · scale_log2).
+// This needs scale > 0, which the binding checks, so that the max of s is the max of s · scale.
+//
+// Scores and accumulators come as "row-column" views: mode 0 runs over the rows this thread holds
+// values of, mode 1 over its values in a row. The values of one row are spread over the
+// kThreadsPerRow lanes of a quad (mma.sync's and wgmma's accumulator layouts alike), so
+// row reductions finish with shuffles within the quad.
+#pragma once
+
+#include <cmath>
+
+#include <cute/tensor.hpp>
+
+namespace fa {
+
+// Reduces over the 4 lanes of a quad (lanes 4i .. 4i+3), which share the rows of an accumulator.
+template <class Op>
+CUTE_DEVICE float quad_allreduce(float x, Op op) {
+  x = op(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  x = op(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return x;
+}
+
+struct MaxOp {
+  CUTE_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  CUTE_DEVICE float operator()(float a, float b) const { return a + b; }
+};
+
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];
+  float row_sum[kRows];  // this thread's share of the row's sum; the quad's shares add up at the end
+
+  CUTE_DEVICE OnlineSoftmax() {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.f;
+    }
+  }
+
+  // Folds a tile of raw scores (rows × keys) into the running statistics: scores become the
+  // unnormalised probabilities exp(scale · (s - m')), and acc_o (rows × head_dim) is rescaled.
+  // kMayBeEmpty: some row of the tile may have every score at -inf (masked), so its max is -inf and
+  // must not be subtracted (-inf - -inf is NaN); such a row's probabilities are then all 0.
+  template <bool kMayBeEmpty, class Scores, class AccO>
+  CUTE_DEVICE void update(Scores& scores, AccO& acc_o, float scale_log2) {
+    using namespace cute;
+    static_assert(decltype(size<0>(scores))::value == kRows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float tile_max = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
+      tile_max = quad_allreduce(tile_max, MaxOp{});
+
+      const float max_scaled = (kMayBeEmpty && tile_max == -INFINITY) ? 0.f : tile_max * scale_log2;
+      // The first tile has row_max -inf: the correction is exp2(-inf) = 0 on an all-zero acc_o.
+      const float correction = exp2f(row_max[r] * scale_log2 - max_scaled);
+      row_max[r] = tile_max;
+      row_sum[r] *= correction;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= correction;
+
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) {
+        scores(r, c) = exp2f(scores(r, c) * scale_log2 - max_scaled);
+        sum += scores(r, c);
+      }
+      row_sum[r] += sum;
+    }
+  }
+
+  // Divides acc_o by each row's sum and writes each row's log-sum-exp (natural log) into lse.
+  // A row that saw no key (sum 0) gets output 0 and lse -inf.
+  template <class AccO>
+  CUTE_DEVICE void finalize(AccO& acc_o, float scale, float (&lse)[kRows]) {
+    using namespace cute;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = quad_allreduce(row_sum[r], SumOp{});
+      const bool seen = sum > 0.f;
+      const float inv_sum = seen ? 1.f / sum : 0.f;
+      lse[r] = seen ? row_max[r] * scale + __logf(sum) : -INFINITY;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= inv_sum;
+    }
+  }
+};
+
+}  // namespace fa

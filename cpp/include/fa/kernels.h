@@ -1,0 +1,29 @@
+// Entry points of the kernel families: the only functions the binding calls.
+//
+// Each is explicitly instantiated in one generated translation unit per
+// (family, direction, dtype, head dim, causal); cmake/FaKernels.cmake holds the table of what ships.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "fa/params.h"
+
+namespace fa {
+
+// Head dims that have kernels; any D that is a multiple of 8 runs on the smallest one >= D.
+inline constexpr int kKernelHeadDims[] = {32, 64, 96, 128, 256};
+
+namespace sm80 {
+
+// Ampere family (mma.sync, cp.async, ldmatrix): sm80 and newer.
+template <class ElementTag, int kHeadDim, bool kCausal>
+cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
+
+template <class ElementTag, int kHeadDim, bool kCausal>
+cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);
+
+// Rows of the query tile the backward's workspaces are padded to.
+inline constexpr int kBackwardRowPadding = 128;
+
+}  // namespace sm80
+}  // namespace fa

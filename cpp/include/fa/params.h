@@ -1,0 +1,60 @@
+// The plain structs that cross from the torch binding into the kernels.
+//
+// Nothing here knows torch or CUTLASS: pointers, element strides and sizes only, so the kernel
+// translation units compile without torch headers and the binding compiles without CUDA device code.
+#pragma once
+
+#include <cstdint>
+
+namespace fa {
+
+// Element-type tags. The binding names the dtype with these; each kernel family maps them onto its
+// own numeric types (cutlass::half_t, cutlass::bfloat16_t).
+struct Float16 {};
+struct BFloat16 {};
+
+// Strides in elements of a (batch, heads, seqlen, head_dim) tensor; head_dim always has stride 1.
+struct Strides {
+  int64_t batch = 0;
+  int64_t head = 0;
+  int64_t row = 0;
+};
+
+// softmax(Q Kᵀ · scale) V for q (B, Hq, Sq, D) and k, v (B, Hk, Sk, D).
+struct ForwardParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;    // (B, Hq, Sq, D), q's dtype
+  float* lse = nullptr;   // (B, Hq, Sq): natural-log log-sum-exp of each row's scaled scores
+  Strides q_stride, k_stride, v_stride, out_stride;
+  int64_t lse_batch_stride = 0;  // lse rows are contiguous
+  int64_t lse_head_stride = 0;
+
+  int batch = 0;
+  int heads_q = 0;
+  int heads_kv = 0;      // heads_q % heads_kv == 0; query head h reads kv head h / (heads_q / heads_kv)
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+  int head_dim = 0;      // the real D; the kernel's tile may be wider (columns past D are zero-filled)
+
+  float scale = 0.f;       // applied to Q Kᵀ
+  float scale_log2 = 0.f;  // scale · log2(e), so that exp(x · scale) == exp2(x · scale_log2)
+};
+
+// Gradients of the forward above. The forward's pointers are read again (out as dO's partner).
+struct BackwardParams : ForwardParams {
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  Strides dout_stride, dq_stride, dk_stride, dv_stride;
+
+  // Workspaces, both float32 and owned by the caller (sizes from backward_workspace_layout()).
+  float* dq_accum = nullptr;   // (B, Hq, seqlen_q_rounded, head_dim_rounded), zeroed by the pre-pass
+  float* delta = nullptr;      // (B, Hq, seqlen_q_rounded): rowsum(dO ∘ O)
+  int seqlen_q_rounded = 0;
+  int head_dim_rounded = 0;
+};
+
+}  // namespace fa

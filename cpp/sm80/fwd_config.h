@@ -1,0 +1,83 @@
+// One forward configuration of the Ampere family: tile shape, shared-memory layouts and copy atoms.
+#pragma once
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+namespace fa::sm80 {
+
+template <class Element>
+using Sm80MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+                                       cute::SM80_16x8x16_F32F16F16F32_TN,
+                                       cute::SM80_16x8x16_F32BF16BF16F32_TN>;
+
+// Shared-memory tiles of (rows × head_dim) elements, stored as 8-row × kRowChunk-column atoms. A
+// 128-byte atom row spans all 32 banks; the XOR swizzle on 16-byte units makes the 8 rows an
+// ldmatrix reads (one 16-byte column unit of each) and the 8 consecutive threads of a cp.async
+// row hit 8 different bank groups.
+template <class Element, int kHeadDim>
+struct SmemTileShape {
+  static constexpr int kRowChunk = kHeadDim % 64 == 0 ? 64 : 32;  // elements per atom row
+  static constexpr int kSwizzleBits = kRowChunk == 64 ? 3 : 2;    // 8 or 4 16-byte units per row
+  using Atom = decltype(cute::composition(
+      cute::Swizzle<kSwizzleBits, 3, 3>{},
+      cute::Layout<cute::Shape<cute::_8, cute::Int<kRowChunk>>,
+                   cute::Stride<cute::Int<kRowChunk>, cute::_1>>{}));
+
+  // Global <-> shared copies: 16 bytes (8 elements) a thread, kRowChunk / 8 threads along a row.
+  static constexpr int kElemsPerVector = 8;
+  static constexpr int kThreadsPerRow = kRowChunk / kElemsPerVector;
+};
+
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
+struct ForwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // query rows per CTA
+  static constexpr int kBlockN = kBlockN_;  // keys per mainloop step
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
+  static_assert(kHeadDim % 32 == 0 && kBlockM % (16 * kWarps) == 0 && kBlockN % 16 == 0);
+
+  // The warps stack along M: each owns 16 rows of every 16·kWarps-row slab of the query tile and
+  // all of its keys, so a row's softmax never leaves its warp. N of 16 lets one ldmatrix.x4 feed
+  // two m16n8k16 MMAs.
+  using TiledMma = cute::TiledMMA<cute::MMA_Atom<Sm80MmaAtom<Element>>,
+                                  cute::Layout<cute::Shape<cute::Int<kWarps>, cute::_1, cute::_1>>,
+                                  cute::Tile<cute::Int<16 * kWarps>, cute::_16, cute::_16>>;
+
+  using Smem = SmemTileShape<Element, kHeadDim>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      typename Smem::Atom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      typename Smem::Atom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  // O += P V needs V as the (head_dim × keys) B operand: the same bytes seen transposed, read with
+  // ldmatrix.trans.
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{},
+      cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::GenRowMajor{})));
+  using SmemLayoutO = SmemLayoutQ;  // the output tile is staged where Q was
+
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;            // Q, K
+  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;  // V
+  using SmemCopyAtomO = cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+
+  using GmemThreadLayout =
+      cute::Layout<cute::Shape<cute::Int<kThreads / Smem::kThreadsPerRow>, cute::Int<Smem::kThreadsPerRow>>,
+                   cute::Stride<cute::Int<Smem::kThreadsPerRow>, cute::_1>>;
+  using GmemVectorLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<Smem::kElemsPerVector>>>;
+  // Q, K, V: each tile is read once per CTA, so cache in L2 only (.cg).
+  using GmemCopyQKV = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+      GmemThreadLayout{}, GmemVectorLayout{}));
+  using GmemCopyO = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>{},
+      GmemThreadLayout{}, GmemVectorLayout{}));
+
+  static constexpr int kSmemBytes =
+      int(cute::cosize(SmemLayoutQ{}) + 2 * cute::cosize(SmemLayoutKV{})) * int(sizeof(Element));
+};
+
+}  // namespace fa::sm80

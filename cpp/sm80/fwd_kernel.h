@@ -1,0 +1,208 @@
+// The Ampere-family forward kernel: FlashAttention-2 on mma.sync, cp.async and ldmatrix.
+//
+// Algorithm. One CTA owns kBlockM query rows of one (batch, head). It walks the key tiles those
+// rows can see from the last to the first (only the last few can need a mask, so the masked steps
+// come first and the rest of the loop is mask-free), computes S = Q Kᵀ on the tensor cores, folds
+// S into the online softmax (running row max and sum, in registers), and accumulates O += P V with
+// P converted to fp16/bf16 in registers. After the last tile O is divided by the row sums and
+// written once; S and P never leave registers.
+//
+// Tile plan. kWarps warps stack along M: each owns 16-row slabs of the query tile and all keys of
+// a step, so row statistics reduce within a quad of lanes. Shared memory holds Q (kBlockM × D),
+// one K and one V tile (kBlockN × D each), swizzled (fwd_config.h); Q and K fragments are read
+// with ldmatrix, V with ldmatrix.trans.
+//
+// Pipeline and synchronisation. All threads issue cp.async for their 16-byte pieces of each tile.
+// A step on key tile n:
+//   wait K[n]; __syncthreads    K[n] visible to all; every warp is done reading V[n+1]
+//   issue V[n]                  lands while S = Q K[n]ᵀ runs
+//   S = Q K[n]ᵀ; mask
+//   wait V[n]; __syncthreads    V[n] visible; every warp is done reading K[n]
+//   issue K[n-1]                lands while the softmax and O += P V[n] run
+//   online softmax; O += P V[n]
+// so each tile's load overlaps one of the two GEMMs. The output is staged through Q's shared
+// memory (no warp reads Q after the last step's second barrier) and stored with 16-byte writes.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/attention_mask.h"
+#include "common/online_softmax.h"
+#include "fa/params.h"
+#include "sm80/fragments.h"
+#include "sm80/gemm.h"
+#include "sm80/tile_copy.h"
+
+namespace fa::sm80 {
+
+template <class Config, bool kCausal>
+__global__ void __launch_bounds__(Config::kThreads)
+    forward_kernel(const __grid_constant__ ForwardParams params) {
+  using namespace cute;
+  using Element = typename Config::Element;
+  constexpr int kBlockM = Config::kBlockM;
+  constexpr int kBlockN = Config::kBlockN;
+  constexpr int kHeadDim = Config::kHeadDim;
+  using QTile = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using KVTile = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using STile = Shape<Int<kBlockM>, Int<kBlockN>>;
+
+  extern __shared__ __align__(128) char smem[];
+  const int tid = threadIdx.x;
+  // Causal tiles late in the sequence see the most keys: launch them first so they don't finish last.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int head_kv = head / (params.heads_q / params.heads_kv);
+  const int row_begin = m_block * kBlockM;
+  const int rows_left = params.seqlen_q - row_begin;  // rows of this tile inside the query
+
+  const AttentionMask<kCausal> mask(params.seqlen_q, params.seqlen_k);
+  const int n_tiles = mask.visible_tiles(min(row_begin + kBlockM, params.seqlen_q), kBlockN);
+
+  auto rows_of = [&](const void* base, Strides s, int h, int rows) {
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + batch * s.batch + h * s.head),
+                       make_shape(rows, Int<kHeadDim>{}), make_stride(s.row, _1{}));
+  };
+  Tensor gQ = local_tile(rows_of(params.q, params.q_stride, head, params.seqlen_q), QTile{},
+                         make_coord(m_block, 0));
+  Tensor gK = local_tile(rows_of(params.k, params.k_stride, head_kv, params.seqlen_k), KVTile{},
+                         make_coord(_, 0));  // (kBlockN, kHeadDim, key tiles)
+  Tensor gV = local_tile(rows_of(params.v, params.v_stride, head_kv, params.seqlen_k), KVTile{},
+                         make_coord(_, 0));
+  // The output tile and its copy are built where they are used (the early exit and the epilogue),
+  // so their 64-bit addresses are not held in registers across the mainloop.
+  auto output_tile = [&]() {
+    Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(params.out) +
+                                          batch * params.out_stride.batch + head * params.out_stride.head),
+                            make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                            make_stride(params.out_stride.row, _1{}));
+    return local_tile(mO, QTile{}, make_coord(m_block, 0));
+  };
+  auto lse_rows = [&]() {
+    return params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride + row_begin;
+  };
+  typename Config::GmemCopyO gmem_copy_o;
+  auto gmem_thr_o = gmem_copy_o.get_thread_slice(tid);
+  Tensor tOcO = gmem_thr_o.partition_D(make_identity_tensor(QTile{}));
+  const auto col_ok = column_predicates(tOcO, params.head_dim);
+
+  if (n_tiles == 0) {  // no row of this tile sees a key: output 0, lse -inf
+    Tensor zeros = make_tensor<Element>(shape(tOcO));
+    clear(zeros);
+    store_tile_predicated(gmem_copy_o, zeros, gmem_thr_o.partition_D(output_tile()), tOcO, col_ok,
+                          rows_left);
+    float* lse = lse_rows();
+    for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) lse[r] = -INFINITY;
+    return;
+  }
+
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Config::SmemLayoutQ{});
+  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Config::SmemLayoutKV{});
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Config::SmemLayoutKV{});
+  Tensor sVt = make_tensor(sV.data(), typename Config::SmemLayoutVt{});
+
+  typename Config::GmemCopyQKV gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  Tensor tQgQ = gmem_thr.partition_S(gQ);
+  Tensor tQsQ = gmem_thr.partition_D(sQ);
+  Tensor tKgK = gmem_thr.partition_S(gK);  // (CPY, CPY_N, CPY_K, key tiles)
+  Tensor tKsK = gmem_thr.partition_D(sK);
+  Tensor tVgV = gmem_thr.partition_S(gV);
+  Tensor tVsV = gmem_thr.partition_D(sV);
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(QTile{}));
+  Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(KVTile{}));
+  static_assert(decltype(size<2>(tKVcKV))::value == decltype(size<2>(tOcO))::value);
+
+  typename Config::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K)
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVt);
+  Tensor acc_o = partition_fragment_C(mma, QTile{});  // (MMA, MMA_M, MMA_K)
+  clear(acc_o);
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(STile{}));  // (row, key) of each score
+
+  auto smem_copy_q = make_tiled_copy_A(typename Config::SmemCopyAtom{}, mma);
+  auto smem_thr_q = smem_copy_q.get_thread_slice(tid);
+  Tensor tSsQ = smem_thr_q.partition_S(sQ);
+  auto smem_copy_k = make_tiled_copy_B(typename Config::SmemCopyAtom{}, mma);
+  auto smem_thr_k = smem_copy_k.get_thread_slice(tid);
+  Tensor tSsK = smem_thr_k.partition_S(sK);
+  auto smem_copy_v = make_tiled_copy_B(typename Config::SmemCopyAtomTransposed{}, mma);
+  auto smem_thr_v = smem_copy_v.get_thread_slice(tid);
+  Tensor tOsVt = smem_thr_v.partition_S(sVt);
+
+  int n = n_tiles - 1;
+  copy_tile_zero_fill<true>(gmem_copy, tQgQ, tQsQ, tQcQ, col_ok, rows_left);
+  copy_tile_zero_fill<true>(gmem_copy, tKgK(_, _, _, n), tKsK, tKVcKV, col_ok,
+                            params.seqlen_k - n * kBlockN);
+  cp_async_fence();
+
+  OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
+
+  auto step = [&](int n, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
+    Tensor acc_s = partition_fragment_C(mma, STile{});
+    clear(acc_s);
+    cp_async_wait<0>();
+    __syncthreads();
+    // Only a masked step can be the last, partial key tile: the others skip the row checks.
+    copy_tile_zero_fill<kMasked>(gmem_copy, tVgV(_, _, _, n), tVsV, tKVcKV, col_ok,
+                                 params.seqlen_k - n * kBlockN);
+    cp_async_fence();
+
+    gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q,
+                   tSrK, smem_thr_k.retile_D(tSrK), tSsK, smem_copy_k, mma);
+    if constexpr (kMasked) mask.apply(acc_s, tScS, row_begin, n * kBlockN);
+
+    cp_async_wait<0>();
+    __syncthreads();
+    if (n > 0) {
+      copy_tile_zero_fill<false>(gmem_copy, tKgK(_, _, _, n - 1), tKsK, tKVcKV, col_ok, 0);
+      cp_async_fence();
+    }
+
+    auto scores = rowcol_view(acc_s);
+    auto out_rows = rowcol_view(acc_o);
+    softmax.template update<kCausal && kMasked>(scores, out_rows, params.scale_log2);
+
+    Tensor probs = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));
+    gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), tOsVt, smem_copy_v, mma);
+  };
+
+  const int first_masked = mask.first_masked_tile(row_begin, kBlockN);
+  for (; n >= first_masked; --n) step(n, true_type{});
+  for (; n >= 0; --n) step(n, false_type{});
+
+  // Epilogue: normalise, write lse, stage O through shared memory, store it with 16-byte writes.
+  constexpr int kRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
+  float row_lse[kRows];
+  auto out_rows = rowcol_view(acc_o);
+  softmax.finalize(out_rows, params.scale, row_lse);
+
+  Tensor acc_coords = rowcol_view(thr_mma.partition_C(make_identity_tensor(QTile{})));
+  if (get<1>(acc_coords(0, 0)) == 0) {  // the lane holding column 0 of its rows
+    float* lse = lse_rows();
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(acc_coords(r, 0));
+      if (row < rows_left) lse[row] = row_lse[r];
+    }
+  }
+
+  Tensor rO = convert_fragment<Element>(acc_o);
+  Tensor sO = make_tensor(sQ.data(), typename Config::SmemLayoutO{});
+  auto smem_copy_o = make_tiled_copy_C(typename Config::SmemCopyAtomO{}, mma);
+  auto smem_thr_o = smem_copy_o.get_thread_slice(tid);
+  copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
+  __syncthreads();
+
+  Tensor tOrO = make_tensor<Element>(shape(tOcO));
+  copy(gmem_copy_o, gmem_thr_o.partition_S(sO), tOrO);
+  store_tile_predicated(gmem_copy_o, tOrO, gmem_thr_o.partition_D(output_tile()), tOcO, col_ok,
+                        rows_left);
+}
+
+}  // namespace fa::sm80

@@ -1,0 +1,43 @@
+// Host-side launcher of the Ampere-family forward: the tile each head dim runs with, the grid, and
+// the shared-memory opt-in.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "common/element.h"
+#include "fa/kernels.h"
+#include "sm80/fwd_config.h"
+#include "sm80/fwd_kernel.h"
+
+namespace fa::sm80 {
+
+// Tiles per head dim (query rows × keys per step, warps), measured on H100 (benchmarks/NOTES.md).
+// The limits: 255 registers a thread hold the O accumulator (kBlockM·D / threads floats) and the
+// S tile (kBlockM·kBlockN / threads); two CTAs per SM want at most ~113 KB of shared memory each.
+template <int kHeadDim>
+struct ForwardTile;
+template <> struct ForwardTile<32>  { static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 4; };
+template <> struct ForwardTile<64>  { static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 4; };
+template <> struct ForwardTile<96>  { static constexpr int kBlockM = 128, kBlockN = 64,  kWarps = 4; };
+template <> struct ForwardTile<128> { static constexpr int kBlockM = 128, kBlockN = 64,  kWarps = 4; };
+template <> struct ForwardTile<256> { static constexpr int kBlockM = 64,  kBlockN = 64,  kWarps = 4; };
+
+template <class ElementTag, int kHeadDim, bool kCausal>
+cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
+  using Tile = ForwardTile<kHeadDim>;
+  using Config = ForwardConfig<cutlass_element_t<ElementTag>, kHeadDim, Tile::kBlockM,
+                               Tile::kBlockN, Tile::kWarps>;
+  auto kernel = &forward_kernel<Config, kCausal>;
+  constexpr int kSmem = Config::kSmemBytes;
+  if constexpr (kSmem > 48 * 1024) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid((params.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, params.heads_q,
+                  params.batch);
+  kernel<<<grid, Config::kThreads, kSmem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace fa::sm80

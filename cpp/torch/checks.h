@@ -1,0 +1,36 @@
+// Argument checks for the fa ops: one place, messages that name the argument and what was expected.
+#pragma once
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+
+namespace fa::torch_binding {
+
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t heads_q = 0;
+  int64_t heads_kv = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t head_dim = 0;
+
+  int64_t group_size() const { return heads_kv == 0 ? 1 : heads_q / heads_kv; }
+  bool empty() const { return batch == 0 || heads_q == 0 || seqlen_q == 0; }
+};
+
+inline constexpr int64_t kMaxHeadDim = 256;
+inline constexpr int64_t kHeadDimMultiple = 8;
+
+// q (B, Hq, Sq, D), k and v (B, Hk, Sk, D): fp16/bf16, one device, stride 1 in the last dim.
+AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// The forward's inputs plus dout (q's shape), out (q's shape) and softmax_lse ((B, Hq, Sq) float32).
+AttentionShape check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                     const at::Tensor& v, const at::Tensor& out,
+                                     const at::Tensor& softmax_lse);
+
+// softmax_scale, or 1/sqrt(head_dim) when it is None.
+float resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim);
+
+}  // namespace fa::torch_binding

@@ -1,0 +1,178 @@
+// The CUDA implementations of the fa ops: argument checks, output allocation, the choice of a
+// kernel (family, dtype, head dim, causal) for the device, and the launch on the current stream.
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/library.h>
+
+#include "checks.h"
+#include "fa/build_config.h"
+#include "fa/kernels.h"
+#include "outputs.h"
+
+namespace fa::torch_binding {
+namespace {
+
+constexpr int64_t kMaxGridYZ = 65535;  // heads and batch index gridDim.y and .z
+
+// The device's compute capability as an arch name: 80, 86, 90a (Hopper is built as 90a).
+std::string device_arch(const at::Tensor& t) {
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.device().index()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.device().index()));
+  return std::to_string(major * 10 + minor) + (major == 9 && minor == 0 ? "a" : "");
+}
+
+// The GPU must be sm80 or newer (cp.async, bf16 mma.sync).
+void check_device(const at::Tensor& t, const char* op) {
+  const std::string arch = device_arch(t);
+  TORCH_CHECK(std::stoi(arch) >= 80, op, ": fa's CUDA kernels need compute capability 8.0 or newer ",
+              "(cp.async, bf16 mma.sync); ", t.device(), " is sm_", arch);
+}
+
+[[noreturn]] void raise_launch_error(cudaError_t err, const at::Tensor& t, const char* op) {
+  const std::string arch = device_arch(t);
+  TORCH_CHECK(err != cudaErrorNoKernelImageForDevice && err != cudaErrorInvalidDeviceFunction, op,
+              ": this build of fa has kernels for sm ", build_config::kCudaArchs, " but ", t.device(),
+              " is sm_", arch, "; rebuild with -C cmake.define.FA_CUDA_ARCHS=", arch);
+  TORCH_CHECK(false, op, ": CUDA error: ", cudaGetErrorString(err));
+}
+
+// The kernels read and write 16-byte vectors, so every row must start 16-byte aligned: the data
+// pointer and the batch, head and row strides in multiples of 8 elements. A view that is not (an
+// odd storage offset, say) is copied; outputs are allocated aligned.
+at::Tensor aligned_for_kernels(const at::Tensor& t) {
+  bool aligned = reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int d = 0; d < 3; ++d) aligned = aligned && (t.size(d) <= 1 || t.stride(d) % 8 == 0);
+  return aligned ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
+Strides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+// The smallest head dim with kernels that is >= head_dim; its tiles zero-fill the columns past D.
+int kernel_head_dim(int64_t head_dim, const char* op) {
+  int best = 0;
+  for (int d : build_config::kHeadDims) {
+    if (d >= head_dim && (best == 0 || d < best)) best = d;
+  }
+  if (best == 0) {
+    std::ostringstream built;
+    for (int d : build_config::kHeadDims) built << " " << d;
+    TORCH_CHECK(false, op, ": head_dim ", head_dim, " needs a kernel for a head dim >= ", head_dim,
+                "; this build has head dims", built.str(), " (FA_HEAD_DIMS)");
+  }
+  return best;
+}
+
+// Calls fn(ElementTag{}, integral_constant<head dim>{}, bool_constant<causal>{}) for the runtime
+// choice. Only the combinations this build holds are instantiated.
+template <class Fn>
+cudaError_t dispatch(at::ScalarType dtype, int head_dim, bool causal, const char* op, Fn&& fn) {
+  auto with_head_dim = [&](auto tag) -> cudaError_t {
+    auto with_causal = [&](auto hd) -> cudaError_t {
+      return causal ? fn(tag, hd, std::true_type{}) : fn(tag, hd, std::false_type{});
+    };
+    switch (head_dim) {
+#define FA_HEAD_DIM_CASE(D)                                                            \
+  case D:                                                                              \
+    if constexpr (build_config::has_head_dim(D)) return with_causal(std::integral_constant<int, D>{}); \
+    break;
+      FA_HEAD_DIM_CASE(32)
+      FA_HEAD_DIM_CASE(64)
+      FA_HEAD_DIM_CASE(96)
+      FA_HEAD_DIM_CASE(128)
+      FA_HEAD_DIM_CASE(256)
+#undef FA_HEAD_DIM_CASE
+    }
+    TORCH_CHECK(false, op, ": no kernel for head dim ", head_dim);
+  };
+  if constexpr (build_config::kFloat16) {
+    if (dtype == at::kHalf) return with_head_dim(Float16{});
+  }
+  if constexpr (build_config::kBFloat16) {
+    if (dtype == at::kBFloat16) return with_head_dim(BFloat16{});
+  }
+  TORCH_CHECK(false, op, ": this build has no kernels for ", dtype, " (FA_DTYPES)");
+}
+
+void check_grid_limits(const AttentionShape& s, const char* op) {
+  TORCH_CHECK(s.heads_q <= kMaxGridYZ && s.batch <= kMaxGridYZ, op, ": at most ", kMaxGridYZ,
+              " heads and batch entries are supported, got heads ", s.heads_q, ", batch ", s.batch);
+  TORCH_CHECK(s.seqlen_q < (int64_t(1) << 31) && s.seqlen_k < (int64_t(1) << 31), op,
+              ": sequence lengths must be below 2^31");
+}
+
+void fill_forward_params(ForwardParams& p, const at::Tensor& q, const at::Tensor& k,
+                         const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                         const AttentionShape& s, float scale) {
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_stride = strides_of(q);
+  p.k_stride = strides_of(k);
+  p.v_stride = strides_of(v);
+  p.out_stride = strides_of(out);
+  p.lse_batch_stride = lse.stride(0);
+  p.lse_head_stride = lse.stride(1);
+  p.batch = static_cast<int>(s.batch);
+  p.heads_q = static_cast<int>(s.heads_q);
+  p.heads_kv = static_cast<int>(s.heads_kv);
+  p.seqlen_q = static_cast<int>(s.seqlen_q);
+  p.seqlen_k = static_cast<int>(s.seqlen_k);
+  p.head_dim = static_cast<int>(s.head_dim);
+  p.scale = scale;
+  p.scale_log2 = scale * static_cast<float>(M_LOG2E);
+}
+
+std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                const at::Tensor& v_in,
+                                                std::optional<double> softmax_scale, bool causal) {
+  constexpr const char* op = "fa.forward";
+  const AttentionShape s = check_forward_inputs(q_in, k_in, v_in);
+  const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  check_device(q_in, op);
+  ForwardOutputs o = allocate_forward_outputs(q_in, s);
+  if (finish_trivial_forward(s, o)) return {o.out, o.lse};
+  check_grid_limits(s, op);
+
+  const at::Tensor q = aligned_for_kernels(q_in);
+  const at::Tensor k = aligned_for_kernels(k_in);
+  const at::Tensor v = aligned_for_kernels(v_in);
+  ForwardParams p;
+  fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
+
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaError_t err = dispatch(
+      q.scalar_type(), kernel_head_dim(s.head_dim, op), causal, op, [&](auto tag, auto hd, auto c) {
+        return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+      });
+  if (err != cudaSuccess) raise_launch_error(err, q, op);
+  return {o.out, o.lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& softmax_lse, std::optional<double> softmax_scale,
+    bool causal) {
+  constexpr const char* op = "fa.backward";
+  const AttentionShape s = check_backward_inputs(dout, q, k, v, out, softmax_lse);
+  resolve_softmax_scale(softmax_scale, s.head_dim);
+  TORCH_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
+  TORCH_CHECK(false, op, ": not implemented");
+}
+
+}  // namespace
+}  // namespace fa::torch_binding
+
+TORCH_LIBRARY_IMPL(fa, CUDA, m) {
+  m.impl("forward", &fa::torch_binding::forward_cuda);
+  m.impl("backward", &fa::torch_binding::backward_cuda);
+}

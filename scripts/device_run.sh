@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: set up, run the GPU tests, the benchmark and the sanitizer, and leave
+# the logs under $OUT. Used through the workplace's device tool; any CUDA machine with
+# python3 + torch + pytest works the same way.
+#
+#   scripts/device_run.sh [--prebuilt | --install] [--tests ARGS] [--bench ARGS] [--sanitize] [--sass]
+#
+#   --prebuilt   use the package staged in .carry/fa by scripts/stage_prebuilt.sh (built on a
+#                machine without a GPU against the same torch; saves compile time here)
+#   --install    pip install --no-build-isolation . (the users' path); nvidia-cutlass comes from .whl/
+#   --tests "…"  pytest arguments (default: the whole suite); "skip" to skip
+#   --bench "…"  benchmarks/bench.py arguments (default: the default suite); "skip" to skip
+#   --sanitize   compute-sanitizer memcheck and racecheck on a small odd-length case
+#   --sass       dump the SASS of the fa library and count matrix instructions and spills
+set -uo pipefail
+OUT=${OUT:-/tmp/fa-out}
+mkdir -p "$OUT"
+mode=prebuilt tests="" bench="" sanitize=0 sass=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prebuilt) mode=prebuilt ;;
+    --install) mode=install ;;
+    --tests) tests="$2"; shift ;;
+    --bench) bench="$2"; shift ;;
+    --sanitize) sanitize=1 ;;
+    --sass) sass=1 ;;
+    *) echo "unknown argument $1"; exit 2 ;;
+  esac
+  shift
+done
+export PYTHONUNBUFFERED=1
+status=0
+step() { echo "=== $* ($(date +%T))"; }
+
+step environment
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
+  nvcc --version | tail -1; } 2>&1 | tee "$OUT/environment.txt"
+
+if [ "$mode" = install ]; then
+  step "pip install (nvidia-cutlass from .whl/, then fa)"
+  python3 -m pip install -q --no-index --no-deps .whl/nvidia_cutlass-*.whl > "$OUT/install.log" 2>&1
+  /usr/bin/time -f "build wall %e s" python3 -m pip install --no-build-isolation --no-deps -v . \
+    >> "$OUT/install.log" 2>&1 || { echo "install failed"; tail -50 "$OUT/install.log"; exit 1; }
+  grep -E "build wall|fa:" "$OUT/install.log"
+else
+  export PYTHONPATH="$PWD/.carry${PYTHONPATH:+:$PYTHONPATH}"
+fi
+python3 -c "import fa, json; print(json.dumps(fa.build_info(), indent=1))" 2>&1 | tee "$OUT/build_info.json"
+lib=$(python3 -c "import fa._library as l; print(l.LIBRARY_PATH)")
+
+if [ "$sass" = 1 ]; then
+  step "SASS of $lib"
+  cuobjdump --dump-sass "$lib" > "$OUT/fa.sass" 2>&1
+  python3 - "$OUT/fa.sass" <<'PY' | tee "$OUT/sass_summary.txt"
+import re, sys
+kernel, counts = None, {}
+for line in open(sys.argv[1]):
+    m = re.search(r"Function : (\S+)", line)
+    if m:
+        kernel = m.group(1); counts[kernel] = {"HMMA": 0, "HGMMA": 0, "LDL": 0, "STL": 0}; continue
+    if kernel:
+        for op in counts[kernel]:
+            if re.search(rf"\b{op}\b", line): counts[kernel][op] += 1
+for k, c in counts.items():
+    print(f"{c['HMMA']:6d} HMMA {c['HGMMA']:5d} HGMMA {c['LDL']:4d} LDL {c['STL']:4d} STL  {k[:110]}")
+PY
+fi
+
+if [ "$tests" != skip ]; then
+  step "pytest ${tests}"
+  # shellcheck disable=SC2086
+  python3 -m pytest -q -rs ${tests:-tests} 2>&1 | tee "$OUT/pytest.log" | tail -40
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
+if [ "$sanitize" = 1 ]; then
+  for tool in memcheck racecheck; do
+    step "compute-sanitizer $tool"
+    compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/sanitize_case.py \
+      > "$OUT/sanitizer_$tool.log" 2>&1
+    rc=$?; tail -3 "$OUT/sanitizer_$tool.log"; echo "$tool exit $rc"
+    [ "$rc" = 0 ] || status=1
+  done
+fi
+
+if [ "$bench" != skip ]; then
+  step "benchmark ${bench}"
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench.py --out "$OUT" --name bench ${bench} 2> "$OUT/bench.stderr" | tee "$OUT/bench.md"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+step "done, status $status"
+exit $status

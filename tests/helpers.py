@@ -1,0 +1,93 @@
+"""Reference attention and the accuracy criterion the tests share.
+
+The criterion: fa's error against a float64 reference must be within 2x (plus a small absolute
+slack) of the error of PyTorch's own low-precision math path (the naive matmul-softmax-matmul in
+the input dtype) against the same reference, on the same inputs.
+"""
+
+import math
+
+import torch
+
+import fa
+
+ABS_SLACK = 1e-5
+
+
+def cuda_kernels_available() -> bool:
+    return torch.cuda.is_available() and fa.build_info()["cuda_kernels_built"]
+
+
+def random_qkv(b, hq, hk, sq, sk, d, dtype, device, magnitude=1.0, seed=None):
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed if seed is not None else torch.seed() % (2**31))
+
+    def make(*shape):
+        return (torch.randn(*shape, generator=gen) * magnitude).to(device=device, dtype=dtype)
+
+    return make(b, hq, sq, d), make(b, hk, sk, d), make(b, hk, sk, d)
+
+
+def causal_hidden(sq, sk, device):
+    """True where query i may not see key j: j > i + (sk - sq), bottom-right aligned."""
+    i = torch.arange(sq, device=device).unsqueeze(1)
+    j = torch.arange(sk, device=device).unsqueeze(0)
+    return j > i + (sk - sq)
+
+
+def _heads_per_chunk(sq, sk, itemsize, budget=2**30):
+    return max(1, budget // max(1, sq * sk * itemsize))
+
+
+def naive_attention(q, k, v, causal=False, scale=None, dtype=torch.float64):
+    """softmax(q kᵀ · scale) v computed in `dtype`, kv heads repeated for GQA; (out, lse).
+
+    Rows that see no key give output 0 and lse -inf. Differentiable. Heads go in chunks so the
+    (Sq, Sk) score matrices stay within ~1 GiB.
+    """
+    b, hq, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    k = k.repeat_interleave(hq // hk, dim=1) if hk else k
+    v = v.repeat_interleave(hq // hk, dim=1) if hk else v
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    hidden = causal_hidden(sq, sk, q.device) if causal else None
+    outs, lses = [], []
+    step = _heads_per_chunk(sq, sk, torch.finfo(dtype).bits // 8 * 3)
+    for h0 in range(0, max(hq, 1), step):
+        qs, ks, vs = q[:, h0:h0 + step], k[:, h0:h0 + step], v[:, h0:h0 + step]
+        s = (qs @ ks.transpose(-2, -1)) * scale
+        if hidden is not None:
+            s = s.masked_fill(hidden, -math.inf)
+        empty_rows = torch.isinf(s).all(dim=-1, keepdim=True) if sk else None
+        if sk == 0:
+            outs.append(torch.zeros_like(qs))
+            lses.append(torch.full(qs.shape[:-1], -math.inf, dtype=dtype, device=q.device))
+            continue
+        lses.append(torch.logsumexp(s.float() if dtype != torch.float64 else s, dim=-1))
+        p = torch.softmax(s.masked_fill(empty_rows, 0.0), dim=-1).masked_fill(empty_rows, 0.0)
+        outs.append(p.to(dtype) @ vs)
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=1)
+
+
+def max_err(x, ref):
+    return (x.double() - ref.double()).abs().max().item() if x.numel() else 0.0
+
+
+def assert_within_lowp_error(name, got, ref, lowp):
+    """|got - ref| within 2x PyTorch's low-precision |lowp - ref| (plus slack); no NaN."""
+    assert not torch.isnan(got).any(), f"{name}: NaN in the output"
+    err, lowp_err = max_err(got, ref), max_err(lowp, ref)
+    assert err <= 2 * lowp_err + ABS_SLACK, (
+        f"{name}: max error {err:.3e} vs float64, more than 2x PyTorch's "
+        f"{lowp.dtype} math path ({lowp_err:.3e})"
+    )
+
+
+def poison_cuda_allocator(*shapes_dtypes, device="cuda"):
+    """Fills freshly freed blocks of the outputs' sizes with NaN bit patterns, so the caching
+    allocator hands the op memory in which any element it fails to write shows as NaN."""
+    if torch.device(device).type != "cuda":
+        return
+    blocks = [torch.full(shape, float("nan"), dtype=dtype, device=device) for shape, dtype in shapes_dtypes]
+    del blocks

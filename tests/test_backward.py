@@ -1,0 +1,145 @@
+"""Gradients of fa against float64 autograd through the reference, and training through autograd."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fa
+from helpers import assert_within_lowp_error, naive_attention, poison_cuda_allocator, random_qkv
+
+
+def grads_of(fn, q, k, v, dout):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    out.backward(dout)
+    return out, q.grad, k.grad, v.grad
+
+
+def check_backward(q, k, v, causal, scale=None):
+    dout = torch.randn_like(q)
+    poison_cuda_allocator(*[(t.shape, t.dtype) for t in (q, k, v)], device=q.device)
+    got = grads_of(lambda a, b, c: fa.attention(a, b, c, causal=causal, scale=scale), q, k, v, dout)
+    ref = grads_of(lambda a, b, c: naive_attention(a, b, c, causal, scale, torch.float64)[0], q, k, v, dout)
+    lowp = grads_of(lambda a, b, c: naive_attention(a, b, c, causal, scale, q.dtype)[0], q, k, v, dout)
+    for name, g, r, lp in zip(("out", "dq", "dk", "dv"), got, ref, lowp):
+        assert g.shape == r.shape and g.dtype == q.dtype, name
+        assert_within_lowp_error(name, g, r, lp)
+    return got
+
+
+SHAPES = [
+    (1, 1, 1, 1, 1, 64),
+    (2, 3, 3, 17, 17, 32),
+    (1, 2, 2, 127, 127, 128),
+    (1, 2, 2, 1000, 1000, 64),
+    (1, 2, 2, 113, 300, 64),
+    (1, 2, 2, 300, 113, 96),
+    (1, 2, 2, 130, 130, 256),
+    (1, 2, 2, 99, 160, 40),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gradients_fp16(device, shape, causal):
+    q, k, v = random_qkv(*shape, torch.float16, device)
+    check_backward(q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gradients_bf16(device, causal):
+    q, k, v = random_qkv(2, 2, 2, 257, 200, 128, torch.bfloat16, device)
+    check_backward(q, k, v, causal)
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (6, 1)], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gradients_grouped_query_heads(device, heads, causal):
+    # dk and dv are summed over the query heads of each group.
+    q, k, v = random_qkv(2, *heads, 140, 170, 64, torch.float16, device)
+    check_backward(q, k, v, causal)
+
+
+def test_gradients_large_magnitudes(device):
+    q, k, v = random_qkv(1, 2, 2, 200, 200, 64, torch.float16, device, magnitude=6.0)
+    check_backward(q, k, v, causal=True)
+
+
+def test_gradients_packed_qkv_views(device):
+    b, s, h, d = 2, 100, 3, 64
+    qkv = torch.randn(b, s, 3, h, d, device=device, dtype=torch.float16)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    _, dq, dk, dv = check_backward(q, k, v, causal=True)
+    assert dq.transpose(1, 2).is_contiguous()  # laid out like the input
+
+
+def test_rows_that_see_no_key_get_zero_gradients(device):
+    q, k, v = random_qkv(1, 2, 2, 80, 30, 64, torch.float16, device)
+    _, dq, dk, dv = grads_of(lambda a, b, c: fa.attention(a, b, c, causal=True), q, k, v, torch.randn_like(q))
+    assert torch.equal(dq[:, :, :50], torch.zeros_like(dq[:, :, :50]))
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+
+
+def test_expanded_upstream_gradient(device):
+    # out.sum().backward() hands the op a stride-0 gradient.
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 2, 2, 40, 40, 64, torch.float16, device))
+    fa.attention(q, k, v).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_lse_is_not_differentiable(device):
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 2, 2, 40, 40, 64, torch.float16, device))
+    out, lse = fa.attention(q, k, v, return_lse=True)
+    assert out.requires_grad and not lse.requires_grad
+
+
+def test_backward_op_empty_inputs(device):
+    q, k, v = random_qkv(1, 2, 2, 0, 10, 64, torch.float16, device)
+    out, lse = torch.ops.fa.forward(q, k, v, None, False)
+    dq, dk, dv = torch.ops.fa.backward(out, q, k, v, out, lse, None, False)
+    assert dq.shape == q.shape and torch.equal(dk, torch.zeros_like(dk)) and torch.equal(dv, torch.zeros_like(dv))
+
+
+class Gpt2Attention(torch.nn.Module):
+    """GPT-2's attention block: packed qkv projection, causal heads, output projection."""
+
+    def __init__(self, n_embd, n_head, attention):
+        super().__init__()
+        self.n_head = n_head
+        self.c_attn = torch.nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = torch.nn.Linear(n_embd, n_embd)
+        self.attention = attention
+
+    def forward(self, x):
+        b, t, c = x.shape
+        qkv = self.c_attn(x).view(b, t, 3, self.n_head, c // self.n_head)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        y = self.attention(q, k, v)
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+def test_gpt2_block_trains_like_sdpa(device):
+    """Two copies of a GPT-2 attention block (12 heads of 64) trained side by side, one with fa and
+    one with SDPA, in fp16 weights on fp16 data: their losses must track each other."""
+    torch.manual_seed(0)
+    dtype = torch.float16 if device == "cuda" else torch.bfloat16
+    n_embd, n_head, steps = 768, 12, 5
+    ref_block = Gpt2Attention(n_embd, n_head, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    fa_block = Gpt2Attention(n_embd, n_head, lambda q, k, v: fa.attention(q, k, v, causal=True))
+    fa_block.load_state_dict(ref_block.state_dict())
+    blocks = [b.to(device=device, dtype=dtype) for b in (ref_block, fa_block)]
+    opts = [torch.optim.SGD(b.parameters(), lr=0.5) for b in blocks]
+    x = torch.randn(4, 128, n_embd, device=device, dtype=dtype)
+    target = torch.randn_like(x)
+    for _ in range(steps):
+        losses = []
+        for block, opt in zip(blocks, opts):
+            opt.zero_grad()
+            loss = F.mse_loss(block(x).float(), target.float())
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert math.isfinite(losses[1])
+        assert abs(losses[0] - losses[1]) <= 2e-2 * abs(losses[0]), losses

@@ -1,0 +1,77 @@
+"""The ops work under torch.compile and pass torch.library.opcheck; fake and real agree."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import fa
+from helpers import random_qkv
+
+
+def test_opcheck_forward(device):
+    for causal in (False, True):
+        q, k, v = random_qkv(1, 4, 2, 33, 47, 64, torch.float16, device)
+        torch.library.opcheck(torch.ops.fa.forward.default, (q, k, v, None, causal))
+        grads = [t.requires_grad_() for t in (q, k, v)]
+        torch.library.opcheck(torch.ops.fa.forward.default, (*grads, 0.2, causal))
+
+
+def test_opcheck_backward(device):
+    q, k, v = random_qkv(1, 4, 2, 33, 47, 64, torch.float16, device)
+    out, lse = torch.ops.fa.forward(q, k, v, None, True)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(torch.ops.fa.backward.default, (dout, q, k, v, out, lse, None, True))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["contiguous", "packed_qkv"])
+def test_fake_and_real_outputs_agree(device, packed):
+    if packed:
+        qkv = torch.randn(2, 37, 3, 4, 64, device=device, dtype=torch.float16)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    else:
+        q, k, v = random_qkv(2, 4, 2, 37, 41, 64, torch.float16, device)
+    real = torch.ops.fa.forward(q, k, v, None, False)
+    real_grads = torch.ops.fa.backward(real[0], q, k, v, real[0], real[1], None, False)
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        fake = torch.ops.fa.forward(fq, fk, fv, None, False)
+        fake_grads = torch.ops.fa.backward(fake[0], fq, fk, fv, fake[0], fake[1], None, False)
+    for r, f in zip((*real, *real_grads), (*fake, *fake_grads)):
+        assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype)
+
+
+def test_compile_fullgraph_forward_and_backward(device):
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True)
+    def block(q, k, v):
+        return fa.attention(q, k, v, causal=True).float().square().mean()
+
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 4, 2, 64, 64, 64, torch.float16, device))
+    loss = block(q, k, v)
+    loss.backward()
+    eager_q, eager_k, eager_v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    eager = fa.attention(eager_q, eager_k, eager_v, causal=True).float().square().mean()
+    eager.backward()
+    torch.testing.assert_close(loss, eager)
+    torch.testing.assert_close(q.grad, eager_q.grad)
+
+
+def test_compile_dynamic_shapes(device):
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v: fa.attention(q, k, v), fullgraph=True, dynamic=True)
+    for s in (31, 64, 97):
+        q, k, v = random_qkv(1, 2, 2, s, s, 32, torch.float16, device)
+        torch.testing.assert_close(fn(q, k, v), fa.attention(q, k, v))
+
+
+def test_build_info():
+    info = fa.build_info()
+    assert info["version"] == fa.__version__
+    for key in ("torch", "cuda_kernels_built", "cuda_archs", "head_dims", "dtypes", "kernels",
+                "device", "device_kernel_family"):
+        assert key in info
+    if info["cuda_kernels_built"]:
+        assert info["cuda_archs"] and info["head_dims"] and "sm80 fwd" in info["kernels"]
+    else:
+        assert info["no_cuda_reason"]

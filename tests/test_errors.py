@@ -1,0 +1,99 @@
+"""Bad input raises a clear error naming the argument and what was expected."""
+
+import pytest
+import torch
+
+import fa  # noqa: F401
+
+
+def qkv(device, b=1, hq=2, hk=2, sq=16, sk=16, d=64, dtype=torch.float16):
+    return (
+        torch.randn(b, hq, sq, d, device=device, dtype=dtype),
+        torch.randn(b, hk, sk, d, device=device, dtype=dtype),
+        torch.randn(b, hk, sk, d, device=device, dtype=dtype),
+    )
+
+
+def forward(q, k, v, scale=None, causal=False):
+    return torch.ops.fa.forward(q, k, v, scale, causal)
+
+
+def expect(match, fn, *args, **kwargs):
+    with pytest.raises(RuntimeError, match=match):
+        fn(*args, **kwargs)
+
+
+def test_wrong_dtype(device):
+    q, k, v = qkv(device, dtype=torch.float32)
+    expect(r"q\.dtype must be float16 or bfloat16, got Float", forward, q, k, v)
+
+
+def test_mixed_dtypes(device):
+    q, k, v = qkv(device)
+    expect(r"k\.dtype \(BFloat16\) must match q\.dtype \(Half\)", forward, q, k.bfloat16(), v)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_mixed_devices():
+    q, k, v = qkv("cpu")
+    expect(r"k is on cuda:0 but q is on cpu", forward, q, k.cuda(), v)
+
+
+def test_wrong_rank(device):
+    q, k, v = qkv(device)
+    expect(r"q must be 4-D \(batch, heads, seqlen, head_dim\), got shape \[2, 16, 64\]", forward, q[0], k, v)
+
+
+@pytest.mark.parametrize("d", [12, 264, 0])
+def test_unsupported_head_dim(device, d):
+    q, k, v = qkv(device, d=d)
+    expect(rf"head_dim must be a multiple of 8 between 8 and 256, got {d}", forward, q, k, v)
+
+
+def test_heads_not_divisible(device):
+    q, k, v = qkv(device, hq=6, hk=4)
+    expect(r"query heads \(6\) must be divisible by the number of key/value heads \(4\)", forward, q, k, v)
+
+
+def test_last_dim_not_contiguous(device):
+    q, k, v = qkv(device)
+    q_bad = torch.randn(1, 2, 64, 16, device=device, dtype=torch.float16).transpose(2, 3)
+    assert q_bad.stride(-1) != 1
+    expect(r"q must have stride 1 in its last dimension \(head_dim\)", forward, q_bad, k, v)
+
+
+def test_kv_length_mismatch(device):
+    q, k, v = qkv(device)
+    expect(r"k and v must have the same shape", forward, q, k, v[:, :, :10])
+
+
+def test_batch_mismatch(device):
+    q, k, v = qkv(device, b=2)
+    expect(r"k and v must have q's batch size 2, got 1", forward, q, k[:1], v[:1])
+
+
+def test_head_dim_mismatch(device):
+    q, _, _ = qkv(device, d=64)
+    _, k, v = qkv(device, d=32)
+    expect(r"k and v must have q's head_dim 64, got 32", forward, q, k, v)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
+def test_bad_scale(device, scale):
+    q, k, v = qkv(device)
+    expect(r"softmax_scale must be a positive finite number", forward, q, k, v, scale)
+
+
+def test_backward_bad_lse(device):
+    q, k, v = qkv(device)
+    out, lse = forward(q, k, v)
+    expect(r"softmax_lse must have shape \(batch, heads_q, seqlen_q\)", torch.ops.fa.backward,
+           out, q, k, v, out, lse[:, :1], None, False)
+    expect(r"softmax_lse must be float32", torch.ops.fa.backward, out, q, k, v, out, lse.half(), None, False)
+
+
+def test_backward_dout_shape(device):
+    q, k, v = qkv(device)
+    out, lse = forward(q, k, v)
+    expect(r"dout must have q's shape", torch.ops.fa.backward, out[:, :, :8], q, k, v, out, lse, None, False)

@@ -1,0 +1,161 @@
+"""fa.forward against a float64 reference, on the CPU path and (when present) the CUDA kernels."""
+
+import math
+
+import pytest
+import torch
+
+import fa
+from helpers import assert_within_lowp_error, naive_attention, poison_cuda_allocator, random_qkv
+
+
+def run_forward(q, k, v, causal=False, scale=None):
+    b, hq, sq, d = q.shape
+    poison_cuda_allocator(((b, hq, sq, d), q.dtype), ((b, hq, sq), torch.float32), device=q.device)
+    return torch.ops.fa.forward(q, k, v, scale, causal)
+
+
+def check_forward(q, k, v, causal, scale=None):
+    out, lse = run_forward(q, k, v, causal, scale)
+    ref, ref_lse = naive_attention(q, k, v, causal, scale, dtype=torch.float64)
+    lowp, _ = naive_attention(q, k, v, causal, scale, dtype=q.dtype)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == q.shape[:3] and lse.dtype == torch.float32
+    assert_within_lowp_error("out", out, ref, lowp)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-3, rtol=1e-4)
+    return out, lse
+
+
+# (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim)
+SHAPES = [
+    (1, 1, 1, 1, 1, 64),
+    (2, 3, 3, 17, 17, 32),
+    (1, 2, 2, 127, 127, 128),
+    (2, 2, 2, 1000, 1000, 64),
+    (1, 1, 1, 4097, 4097, 128),
+    (1, 2, 2, 113, 300, 64),   # Sq < Sk
+    (1, 2, 2, 300, 113, 96),   # Sq > Sk: causal rows before Sq - Sk see no key
+    (2, 2, 2, 64, 64, 256),
+    (1, 2, 2, 200, 129, 8),    # head dims between the kernels' run on the next larger one
+    (1, 2, 2, 130, 257, 40),
+    (1, 2, 2, 99, 99, 160),
+    (1, 2, 2, 77, 77, 200),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_reference_fp16(device, shape, causal):
+    q, k, v = random_qkv(*shape, torch.float16, device)
+    check_forward(q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 3, 3, 257, 257, 64), (1, 2, 2, 77, 130, 128), (1, 2, 2, 65, 65, 256)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_matches_reference_bf16(device, shape, causal):
+    q, k, v = random_qkv(*shape, torch.bfloat16, device)
+    check_forward(q, k, v, causal)
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (6, 1)], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grouped_query_heads(device, heads, causal):
+    hq, hk = heads
+    q, k, v = random_qkv(2, hq, hk, 150, 190, 64, torch.float16, device)
+    check_forward(q, k, v, causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_large_magnitudes(device, dtype):
+    # Scores in the hundreds: the softmax must not overflow, and the max subtraction must hold.
+    q, k, v = random_qkv(1, 2, 2, 300, 300, 64, dtype, device, magnitude=8.0)
+    check_forward(q, k, v, causal=True)
+
+
+def test_custom_scale(device):
+    q, k, v = random_qkv(1, 2, 2, 100, 100, 64, torch.float16, device)
+    check_forward(q, k, v, causal=False, scale=0.37)
+
+
+def test_default_scale_is_inverse_sqrt_head_dim(device):
+    q, k, v = random_qkv(1, 2, 2, 50, 50, 64, torch.float16, device)
+    out_default, _ = torch.ops.fa.forward(q, k, v, None, False)
+    out_explicit, _ = torch.ops.fa.forward(q, k, v, 1 / math.sqrt(64), False)
+    torch.testing.assert_close(out_default, out_explicit, atol=0, rtol=0)
+
+
+def test_packed_qkv_views_are_used_without_copy(device):
+    # GPT-2 style: one (B, S, 3, H, D) projection, q/k/v seen through .transpose(1, 2).
+    b, s, h, d = 2, 130, 4, 64
+    qkv = torch.randn(b, s, 3, h, d, device=device, dtype=torch.float16)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    assert not q.is_contiguous()
+    out, _ = check_forward(q, k, v, causal=True)
+    # The output comes laid out as (B, S, H, D), so merging the heads back costs nothing.
+    assert out.transpose(1, 2).is_contiguous()
+
+
+def test_noncontiguous_strided_views(device):
+    base = torch.randn(2, 3, 90, 80, device=device, dtype=torch.float16)
+    q = base[:, :, :, :64]  # row stride 80, not contiguous
+    k = torch.randn(2, 3, 200, 64, device=device, dtype=torch.float16)[:, :, ::2]  # row stride 128
+    v = torch.randn(3, 2, 100, 64, device=device, dtype=torch.float16).transpose(0, 1)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    check_forward(q, k, v, causal=False)
+
+
+def test_rows_that_see_no_key_give_zero_and_minus_inf_lse(device):
+    sq, sk = 90, 40
+    q, k, v = random_qkv(1, 2, 2, sq, sk, 64, torch.float16, device)
+    out, lse = run_forward(q, k, v, causal=True)
+    hidden_rows = sq - sk  # query i sees keys j <= i - (sq - sk)
+    assert torch.equal(out[:, :, :hidden_rows], torch.zeros_like(out[:, :, :hidden_rows]))
+    assert torch.isneginf(lse[:, :, :hidden_rows]).all()
+    assert torch.isfinite(out).all() and torch.isfinite(lse[:, :, hidden_rows:]).all()
+
+
+def test_causal_is_bottom_right_aligned(device):
+    # With Sq < Sk the last query row sees every key, the first sees Sk - Sq + 1 of them.
+    q, k, v = random_qkv(1, 1, 1, 3, 8, 32, torch.float32, device)
+    q, k, v = q.half(), k.half(), v.half()
+    out, _ = torch.ops.fa.forward(q, k, v, None, True)
+    full, _ = torch.ops.fa.forward(q, k, v, None, False)
+    torch.testing.assert_close(out[:, :, -1], full[:, :, -1])
+    first, _ = torch.ops.fa.forward(q[:, :, :1], k[:, :, :6], v[:, :, :6], None, False)
+    torch.testing.assert_close(out[:, :, :1], first, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(0, 2, 2, 10, 10, 64), (2, 0, 0, 10, 10, 64), (2, 2, 2, 0, 10, 64), (2, 2, 2, 10, 0, 64)],
+    ids=["batch0", "heads0", "seqq0", "seqk0"],
+)
+def test_empty_inputs(device, shape):
+    q, k, v = random_qkv(*shape, torch.float16, device)
+    out, lse = torch.ops.fa.forward(q, k, v, None, False)
+    assert out.shape == q.shape and lse.shape == q.shape[:3]
+    if out.numel():  # no keys at all: every row is empty
+        assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+
+
+def test_attention_api(device):
+    q, k, v = random_qkv(2, 4, 2, 70, 70, 64, torch.bfloat16, device)
+    out = fa.attention(q, k, v, causal=True)
+    out2, lse = fa.attention(q, k, v, causal=True, return_lse=True, scale=None)
+    ref, ref_lse = torch.ops.fa.forward(q, k, v, None, True)
+    assert torch.equal(out, ref) and torch.equal(out2, ref) and torch.equal(lse, ref_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_matches_cpu_path():
+    from helpers import cuda_kernels_available
+
+    if not cuda_kernels_available():
+        pytest.skip("no fa CUDA kernels in this build")
+    q, k, v = random_qkv(2, 4, 2, 333, 333, 128, torch.float16, "cpu")
+    cpu_out, cpu_lse = torch.ops.fa.forward(q, k, v, None, True)
+    gpu_out, gpu_lse = torch.ops.fa.forward(q.cuda(), k.cuda(), v.cuda(), None, True)
+    torch.testing.assert_close(gpu_out.cpu(), cpu_out, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(gpu_lse.cpu(), cpu_lse, atol=1e-3, rtol=1e-4)
