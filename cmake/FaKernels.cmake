@@ -8,6 +8,7 @@
 #   family | direction | entry point (namespace fa::<family>) | params struct
 set(FA_KERNEL_TABLE
   "sm80|fwd|run_forward|ForwardParams"
+  "sm80|bwd|run_backward|BackwardParams"
 )
 set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
 set(FA_SUPPORTED_DTYPES fp16 bf16)

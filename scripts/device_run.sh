@@ -12,10 +12,12 @@
 #   --bench "…"  benchmarks/bench.py arguments (default: the default suite); "skip" to skip
 #   --sanitize   compute-sanitizer memcheck and racecheck on a small odd-length case
 #   --sass       dump the SASS of the fa library and count matrix instructions and spills
+#   --sweep "…"  build benchmarks/tile_sweep.cu here and run it on each "B H S causal" case (';'-separated)
+#   --profile "…" benchmarks/profile_ncu.py arguments (Nsight Compute)
 set -uo pipefail
 OUT=${OUT:-/tmp/fa-out}
 mkdir -p "$OUT"
-mode=prebuilt tests="" bench="" sanitize=0 sass=0
+mode=prebuilt tests="" bench="" sanitize=0 sass=0 sweep="" profile=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) mode=prebuilt ;;
@@ -24,6 +26,8 @@ while [ $# -gt 0 ]; do
     --bench) bench="$2"; shift ;;
     --sanitize) sanitize=1 ;;
     --sass) sass=1 ;;
+    --sweep) sweep="$2"; shift ;;
+    --profile) profile="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -67,6 +71,19 @@ for k, c in counts.items():
 PY
 fi
 
+if [ -n "$sweep" ]; then
+  step "tile sweep: build"
+  cutlass=$(python3 -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__) + '/source/include')")
+  nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DNDEBUG --split-compile=0 \
+    -gencode=arch=compute_90a,code=sm_90a -Icpp -Icpp/include -I"$cutlass" benchmarks/tile_sweep.cu \
+    -o /tmp/tile_sweep > "$OUT/tile_sweep_build.log" 2>&1 || { tail -20 "$OUT/tile_sweep_build.log"; status=1; }
+  IFS=';' read -ra cases <<< "$sweep"
+  for c in "${cases[@]}"; do
+    # shellcheck disable=SC2086
+    [ -x /tmp/tile_sweep ] && /tmp/tile_sweep $c 2>&1 | tee -a "$OUT/tile_sweep.txt"
+  done
+fi
+
 if [ "$tests" != skip ]; then
   step "pytest ${tests}"
   # shellcheck disable=SC2086
@@ -89,6 +106,11 @@ if [ "$bench" != skip ]; then
   # shellcheck disable=SC2086
   python3 benchmarks/bench.py --out "$OUT" --name bench ${bench} 2> "$OUT/bench.stderr" | tee "$OUT/bench.md"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [ -n "$profile" ]; then
+  step "profile ${profile}"
+  # shellcheck disable=SC2086
+  python3 benchmarks/profile_ncu.py --out "$OUT" ${profile} 2>&1 | tee "$OUT/profile.txt" | tail -60
 fi
 step "done, status $status"
 exit $status

@@ -50,32 +50,46 @@ struct OnlineSoftmax {
   }
 
   // Folds a tile of raw scores (rows × keys) into the running statistics: scores become the
-  // unnormalised probabilities exp(scale · (s - m')), and acc_o (rows × head_dim) is rescaled.
+  // unnormalised probabilities exp(scale · (s - m')), and acc_o (rows × head_dim) is rescaled by
+  // exp(scale · (m - m')) where a row's max moved.
   // kMayBeEmpty: some row of the tile may have every score at -inf (masked), so its max is -inf and
   // must not be subtracted (-inf - -inf is NaN); such a row's probabilities are then all 0.
   template <bool kMayBeEmpty, class Scores, class AccO>
   CUTE_DEVICE void update(Scores& scores, AccO& acc_o, float scale_log2) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == kRows);
+    float max_scaled[kRows], correction_of[kRows];
+    bool max_moved = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float tile_max = row_max[r];
       CUTE_UNROLL
       for (int c = 0; c < size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
       tile_max = quad_allreduce(tile_max, MaxOp{});
-
-      const float max_scaled = (kMayBeEmpty && tile_max == -INFINITY) ? 0.f : tile_max * scale_log2;
+      max_scaled[r] = (kMayBeEmpty && tile_max == -INFINITY) ? 0.f : tile_max * scale_log2;
       // The first tile has row_max -inf: the correction is exp2(-inf) = 0 on an all-zero acc_o.
-      const float correction = exp2f(row_max[r] * scale_log2 - max_scaled);
+      const float correction = exp2f(row_max[r] * scale_log2 - max_scaled[r]);
+      max_moved |= tile_max != row_max[r];
       row_max[r] = tile_max;
       row_sum[r] *= correction;
+      correction_of[r] = correction;
+    }
+    // Rescaling O is a multiply per accumulator element. Where a row's max did not move its
+    // correction is exactly 1, so the warp skips the multiplies when none of its rows moved: the
+    // common case once a long row has seen its largest scores. The test is warp-uniform.
+    if (__any_sync(0xffffffffu, max_moved)) {
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= correction;
-
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= correction_of[r];
+      }
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
       float sum = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(scores); ++c) {
-        scores(r, c) = exp2f(scores(r, c) * scale_log2 - max_scaled);
+        scores(r, c) = exp2f(scores(r, c) * scale_log2 - max_scaled[r]);
         sum += scores(r, c);
       }
       row_sum[r] += sum;

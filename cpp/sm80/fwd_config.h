@@ -13,6 +13,18 @@ using Sm80MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
                                        cute::SM80_16x8x16_F32F16F16F32_TN,
                                        cute::SM80_16x8x16_F32BF16BF16F32_TN>;
 
+// kWarpsM × kWarpsN warps of m16n8k16 MMAs. Each warp covers 16 rows and 16 contiguous columns
+// of every (16·kWarpsM × 16·kWarpsN) slab: the N permutation puts a warp's two n8 atoms side by
+// side, so one ldmatrix.x4 loads both of its B fragments and its accumulator columns are contiguous.
+template <class Element, int kWarpsM, int kWarpsN>
+using Sm80TiledMma = cute::TiledMMA<
+    cute::MMA_Atom<Sm80MmaAtom<Element>>,
+    cute::Layout<cute::Shape<cute::Int<kWarpsM>, cute::Int<kWarpsN>, cute::_1>>,
+    cute::Tile<cute::Int<16 * kWarpsM>,
+               cute::Layout<cute::Shape<cute::_8, cute::Int<kWarpsN>, cute::_2>,
+                            cute::Stride<cute::_1, cute::_16, cute::_8>>,
+               cute::_16>>;
+
 // Shared-memory tiles of (rows × head_dim) elements, stored as 8-row × kRowChunk-column atoms. A
 // 128-byte atom row spans all 32 banks; the XOR swizzle on 16-byte units makes the 8 rows an
 // ldmatrix reads (one 16-byte column unit of each) and the 8 consecutive threads of a cp.async
@@ -42,11 +54,8 @@ struct ForwardConfig {
   static_assert(kHeadDim % 32 == 0 && kBlockM % (16 * kWarps) == 0 && kBlockN % 16 == 0);
 
   // The warps stack along M: each owns 16 rows of every 16·kWarps-row slab of the query tile and
-  // all of its keys, so a row's softmax never leaves its warp. N of 16 lets one ldmatrix.x4 feed
-  // two m16n8k16 MMAs.
-  using TiledMma = cute::TiledMMA<cute::MMA_Atom<Sm80MmaAtom<Element>>,
-                                  cute::Layout<cute::Shape<cute::Int<kWarps>, cute::_1, cute::_1>>,
-                                  cute::Tile<cute::Int<16 * kWarps>, cute::_16, cute::_16>>;
+  // all of its keys, so a row's softmax never leaves its warp.
+  using TiledMma = Sm80TiledMma<Element, kWarps, 1>;
 
   using Smem = SmemTileShape<Element, kHeadDim>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(

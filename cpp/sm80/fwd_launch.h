@@ -22,11 +22,9 @@ template <> struct ForwardTile<96>  { static constexpr int kBlockM = 128, kBlock
 template <> struct ForwardTile<128> { static constexpr int kBlockM = 128, kBlockN = 64,  kWarps = 4; };
 template <> struct ForwardTile<256> { static constexpr int kBlockM = 64,  kBlockN = 64,  kWarps = 4; };
 
-template <class ElementTag, int kHeadDim, bool kCausal>
-cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
-  using Tile = ForwardTile<kHeadDim>;
-  using Config = ForwardConfig<cutlass_element_t<ElementTag>, kHeadDim, Tile::kBlockM,
-                               Tile::kBlockN, Tile::kWarps>;
+// Launches one forward configuration: the grid, and the shared-memory opt-in above 48 KB.
+template <class Config, bool kCausal>
+cudaError_t launch_forward(const ForwardParams& params, cudaStream_t stream) {
   auto kernel = &forward_kernel<Config, kCausal>;
   constexpr int kSmem = Config::kSmemBytes;
   if constexpr (kSmem > 48 * 1024) {
@@ -38,6 +36,15 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
                   params.batch);
   kernel<<<grid, Config::kThreads, kSmem, stream>>>(params);
   return cudaGetLastError();
+}
+
+template <class Element, int kHeadDim>
+using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTile<kHeadDim>::kBlockM,
+                                       ForwardTile<kHeadDim>::kBlockN, ForwardTile<kHeadDim>::kWarps>;
+
+template <class ElementTag, int kHeadDim, bool kCausal>
+cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
+  return launch_forward<ForwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim>, kCausal>(params, stream);
 }
 
 }  // namespace fa::sm80

@@ -159,14 +159,56 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q_in, const at
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& softmax_lse, std::optional<double> softmax_scale,
+    const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+    const at::Tensor& out_in, const at::Tensor& lse_in, std::optional<double> softmax_scale,
     bool causal) {
   constexpr const char* op = "fa.backward";
-  const AttentionShape s = check_backward_inputs(dout, q, k, v, out, softmax_lse);
-  resolve_softmax_scale(softmax_scale, s.head_dim);
+  const AttentionShape s = check_backward_inputs(dout_in, q_in, k_in, v_in, out_in, lse_in);
+  const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
+  const c10::cuda::CUDAGuard guard(q_in.device());
+  check_device(q_in, op);
+  Gradients g = allocate_gradients(q_in, k_in, v_in);
+  if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
+  check_grid_limits(s, op);
   TORCH_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
-  TORCH_CHECK(false, op, ": not implemented");
+
+  const at::Tensor q = aligned_for_kernels(q_in);
+  const at::Tensor k = aligned_for_kernels(k_in);
+  const at::Tensor v = aligned_for_kernels(v_in);
+  const at::Tensor out = aligned_for_kernels(out_in);
+  const at::Tensor dout = aligned_for_kernels(dout_in);
+  const at::Tensor lse = lse_in.stride(2) == 1 ? lse_in : lse_in.contiguous();
+
+  // fp32 workspaces: dQ accumulated with atomics, and delta = rowsum(dO ∘ O); rows padded so that
+  // every query tile lies inside them, columns as wide as the kernel's head dim.
+  const int kernel_hd = kernel_head_dim(s.head_dim, op);
+  const int64_t rows = (s.seqlen_q + sm80::kBackwardRowPadding - 1) / sm80::kBackwardRowPadding *
+                       sm80::kBackwardRowPadding;
+  const auto fp32 = q.options().dtype(at::kFloat);
+  const at::Tensor dq_accum = at::empty({s.batch, s.heads_q, rows, kernel_hd}, fp32);
+  const at::Tensor delta = at::empty({s.batch, s.heads_q, rows}, fp32);
+
+  BackwardParams p;
+  fill_forward_params(p, q, k, v, out, lse, s, scale);
+  p.dout = dout.data_ptr();
+  p.dout_stride = strides_of(dout);
+  p.dq = g.dq.data_ptr();
+  p.dk = g.dk.data_ptr();
+  p.dv = g.dv.data_ptr();
+  p.dq_stride = strides_of(g.dq);
+  p.dk_stride = strides_of(g.dk);
+  p.dv_stride = strides_of(g.dv);
+  p.dq_accum = dq_accum.data_ptr<float>();
+  p.delta = delta.data_ptr<float>();
+  p.seqlen_q_rounded = static_cast<int>(rows);
+  p.head_dim_rounded = kernel_hd;
+
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaError_t err = dispatch(q.scalar_type(), kernel_hd, causal, op, [&](auto tag, auto hd, auto c) {
+    return sm80::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+  });
+  if (err != cudaSuccess) raise_launch_error(err, q, op);
+  return {g.dq, g.dk, g.dv};
 }
 
 }  // namespace

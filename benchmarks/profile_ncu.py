@@ -1,0 +1,155 @@
+"""Profile fa's kernels with Nsight Compute and print a short summary per kernel.
+
+    python benchmarks/profile_ncu.py                                  # (4, 64, 8192, 128) fp16 forward
+    python benchmarks/profile_ncu.py --shape 2,64,4096,128 --causal --mode bwd
+    ncu-ui benchmarks/results/profile-fwd-4x64x8192x128.ncu-rep   # the full report, in the UI
+
+The fa calls run inside an NVTX range ("fa"), after a warm-up outside it, so ncu captures only
+those kernels (--nvtx --nvtx-include fa/), with --clock-control none (the card's own clocks, as
+the benchmark sees them) and the full metric set. Build with -C cmake.define.FA_LINEINFO=ON to
+map the report's source view onto the CuTe lines.
+"""
+
+import argparse
+import csv
+import io
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NVTX_RANGE = "fa"
+
+# Nsight Compute metrics of the summary: (label, metric, format)
+SUMMARY_METRICS = [
+    ("duration ms", "gpu__time_duration.sum", lambda v: f"{v / 1e6:.3f}"),
+    ("SM throughput %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", lambda v: f"{v:.1f}"),
+    ("tensor pipe %", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", lambda v: f"{v:.1f}"),
+    ("DRAM throughput %", "dram__throughput.avg.pct_of_peak_sustained_elapsed", lambda v: f"{v:.1f}"),
+    ("registers/thread", "launch__registers_per_thread", lambda v: f"{v:.0f}"),
+    ("smem/block KB", "launch__shared_mem_per_block_dynamic", lambda v: f"{v / 1024:.0f}"),
+    ("achieved occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", lambda v: f"{v:.1f}"),
+    ("local loads (spills)", "smsp__sass_inst_executed_op_local_ld.sum", lambda v: f"{v:.0f}"),
+    ("local stores (spills)", "smsp__sass_inst_executed_op_local_st.sum", lambda v: f"{v:.0f}"),
+    ("smem ld bank conflicts", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum", lambda v: f"{v:.0f}"),
+    ("smem st bank conflicts", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", lambda v: f"{v:.0f}"),
+]
+STALL_METRIC = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+
+
+def parse_shape(text):
+    dims = tuple(int(x) for x in text.strip("()").split(","))
+    if len(dims) != 4:
+        raise argparse.ArgumentTypeError("shape must be B,H,S,D")
+    return dims
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", type=parse_shape, default=(4, 64, 8192, 128), help="B,H,S,D")
+    p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--mode", choices=["fwd", "bwd"], default="fwd")
+    p.add_argument("--out", type=Path, default=HERE / "results", help="folder of the .ncu-rep")
+    p.add_argument("--ncu", default="ncu", help="the Nsight Compute CLI")
+    p.add_argument("--set", default="full", help="ncu metric set")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def case_flops(shape, causal, mode):
+    b, h, s, d = shape
+    flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
+    return flops * (2.5 if mode == "bwd" else 1.0)
+
+
+def worker(args) -> int:
+    """Runs inside ncu: warm up, then the measured calls inside the NVTX range."""
+    import torch
+
+    import fa
+
+    dtype = getattr(torch, args.dtype)
+    q, k, v = (torch.randn(args.shape, device="cuda", dtype=dtype, requires_grad=args.mode == "bwd")
+               for _ in range(3))
+
+    def run():
+        out = fa.attention(q, k, v, causal=args.causal)
+        if args.mode == "bwd":
+            out.backward(torch.ones_like(out))
+
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push(NVTX_RANGE)
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+    return 0
+
+
+def read_report(ncu, report: Path):
+    """The report's raw metrics, one dict per kernel launch."""
+    text = subprocess.run([ncu, "--import", str(report), "--csv", "--page", "raw"], check=True,
+                          capture_output=True, text=True).stdout
+    rows = list(csv.reader(io.StringIO(text[text.index('"ID"'):] if '"ID"' in text else text)))
+    header, data = rows[0], rows[2:]  # row 1 holds the units
+    return [dict(zip(header, row)) for row in data if row]
+
+
+def number(row, metric):
+    value = row.get(metric, "").replace(",", "")
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def summarize(rows, flops):
+    lines = []
+    for row in rows:
+        name = row.get("Kernel Name", "?")
+        short = re.sub(r"\(.*", "", name)
+        lines.append(f"\n{short}")
+        lines.append(f"  {name[:160]}")
+        duration = number(row, "gpu__time_duration.sum")
+        if duration and ("forward_kernel" in name or "backward_kernel" in name):
+            lines.append(f"  {'achieved TFLOP/s':24s} {flops / (duration * 1e-9) / 1e12:.0f}")
+        for label, metric, fmt in SUMMARY_METRICS:
+            value = number(row, metric)
+            lines.append(f"  {label:24s} {fmt(value) if value is not None else 'n/a'}")
+        stalls = sorted(((number(row, m) or 0.0, STALL_METRIC.match(m).group(1)) for m in row if STALL_METRIC.match(m)),
+                        reverse=True)
+        if stalls:
+            lines.append(f"  {'top stalls (cycles/issue)':24s} " +
+                         ", ".join(f"{reason} {value:.2f}" for value, reason in stalls[:5]))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if shutil.which(args.ncu) is None:
+        print(f"profile: '{args.ncu}' (Nsight Compute) is not on PATH", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    shape_tag = "x".join(map(str, args.shape))
+    report = args.out / f"profile-{args.mode}-{shape_tag}{'-causal' if args.causal else ''}.ncu-rep"
+    worker_cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", ",".join(map(str, args.shape)),
+                  "--dtype", args.dtype, "--mode", args.mode] + (["--causal"] if args.causal else [])
+    cmd = [args.ncu, "--nvtx", "--nvtx-include", f"{NVTX_RANGE}/", "--clock-control", "none", "--set", args.set,
+           "--import-source", "yes", "--force-overwrite", "--export", str(report.with_suffix(""))] + worker_cmd
+    print("$ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    flops = case_flops(args.shape, args.causal, args.mode)
+    print(f"\nreport: {report}  (open with: ncu-ui {report})")
+    print(f"case: {args.shape} {args.dtype} causal={args.causal} {args.mode}, "
+          f"{flops / 1e12:.2f} TFLOP (4·B·H·S²·D{'/2' if args.causal else ''}{' x2.5' if args.mode == 'bwd' else ''})")
+    print(summarize(read_report(args.ncu, report), flops))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+// The backward's row-wise passes around the main kernel, shared by the kernel families.
+//
+// Pre-pass: delta_i = rowsum(dO_i ∘ O_i), the term every dS_ij of row i subtracts
+//   (dS = P ∘ (dP - delta), since Σ_j P_ij dP_ij = dO_i · O_i), and zeroes the row of the fp32 dQ
+//   workspace that the main kernel accumulates into with atomics.
+// Post-pass: dQ = scale · workspace, converted to the input dtype and stored with q's strides.
+//
+// Both give each row kHeadDim / 8 threads, each owning one 16-byte vector (8 elements) of it, and
+// cover kRowsPerBlock rows of one (batch, head) per CTA. Rows past seqlen_q (the workspace is
+// padded to a multiple of kRowsPerBlock) get delta 0 and are never converted.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
+
+#include "fa/params.h"
+
+namespace fa {
+
+template <int kHeadDim>
+struct RowPassShape {
+  static constexpr int kThreads = 256;
+  static constexpr int kRowsPerBlock = 128;
+  static constexpr int kVector = 8;
+  static constexpr int kThreadsPerRow = kHeadDim / kVector;
+  static constexpr int kRowsPerPass = kThreads / kThreadsPerRow;
+  static constexpr int kPasses = kRowsPerBlock / kRowsPerPass;
+  static_assert(kHeadDim % kVector == 0 && 32 % kThreadsPerRow == 0 && kPasses >= 1);
+};
+
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
+    backward_preprocess_kernel(const __grid_constant__ BackwardParams p) {
+  using Shape = RowPassShape<kHeadDim>;
+  using Vector = cutlass::Array<Element, Shape::kVector>;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int col = (threadIdx.x % Shape::kThreadsPerRow) * Shape::kVector;
+  const bool col_ok = col < p.head_dim;
+  const auto* dout = static_cast<const Element*>(p.dout) + batch * p.dout_stride.batch + head * p.dout_stride.head;
+  const auto* out = static_cast<const Element*>(p.out) + batch * p.out_stride.batch + head * p.out_stride.head;
+  const int64_t bh = int64_t(batch) * p.heads_q + head;
+  float* delta = p.delta + bh * p.seqlen_q_rounded;
+  float* accum = p.dq_accum + bh * p.seqlen_q_rounded * p.head_dim_rounded;
+
+  for (int pass = 0; pass < Shape::kPasses; ++pass) {
+    const int row = blockIdx.x * Shape::kRowsPerBlock + pass * Shape::kRowsPerPass +
+                    threadIdx.x / Shape::kThreadsPerRow;
+    float dot = 0.f;
+    if (row < p.seqlen_q && col_ok) {
+      const Vector d = *reinterpret_cast<const Vector*>(dout + row * p.dout_stride.row + col);
+      const Vector o = *reinterpret_cast<const Vector*>(out + row * p.out_stride.row + col);
+      for (int i = 0; i < Shape::kVector; ++i) dot += float(d[i]) * float(o[i]);
+    }
+    for (int offset = Shape::kThreadsPerRow / 2; offset > 0; offset /= 2) {
+      dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    }
+    if (col == 0) delta[row] = dot;
+    float4* accum_row = reinterpret_cast<float4*>(accum + int64_t(row) * p.head_dim_rounded + col);
+    accum_row[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+    accum_row[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
+    backward_convert_dq_kernel(const __grid_constant__ BackwardParams p) {
+  using Shape = RowPassShape<kHeadDim>;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int col = (threadIdx.x % Shape::kThreadsPerRow) * Shape::kVector;
+  if (col >= p.head_dim) return;
+  const int64_t bh = int64_t(batch) * p.heads_q + head;
+  const float* accum = p.dq_accum + bh * p.seqlen_q_rounded * p.head_dim_rounded;
+  auto* dq = static_cast<Element*>(p.dq) + batch * p.dq_stride.batch + head * p.dq_stride.head;
+  cutlass::NumericArrayConverter<Element, float, Shape::kVector> convert;
+  for (int pass = 0; pass < Shape::kPasses; ++pass) {
+    const int row = blockIdx.x * Shape::kRowsPerBlock + pass * Shape::kRowsPerPass +
+                    threadIdx.x / Shape::kThreadsPerRow;
+    if (row >= p.seqlen_q) break;
+    cutlass::Array<float, Shape::kVector> values =
+        *reinterpret_cast<const cutlass::Array<float, Shape::kVector>*>(accum + int64_t(row) * p.head_dim_rounded + col);
+    for (int i = 0; i < Shape::kVector; ++i) values[i] *= p.scale;
+    *reinterpret_cast<cutlass::Array<Element, Shape::kVector>*>(dq + row * p.dq_stride.row + col) = convert(values);
+  }
+}
+
+}  // namespace fa

@@ -1,0 +1,74 @@
+// One backward configuration of the Ampere family: tile shapes, the three warp layouts of its
+// GEMMs, shared-memory layouts and copy atoms.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "sm80/fwd_config.h"
+
+namespace fa::sm80 {
+
+// kBlockM query rows × kBlockN keys per step. The five GEMMs use three warp arrangements:
+//   S = Q Kᵀ, dP = dO Vᵀ        (kBlockM × kBlockN)  kWarpsMSdP warps along M
+//   dV += Pᵀ dO, dK += dSᵀ Q    (kBlockN × D)        kWarpsNdKV warps along kBlockN
+//   dQ = dS K                   (kBlockM × D)        kWarpsMdQ warps along M
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kWarpsMSdP,
+          int kWarpsNdKV, int kWarpsMdQ>
+struct BackwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
+  static_assert(kWarps % kWarpsMSdP == 0 && kWarps % kWarpsNdKV == 0 && kWarps % kWarpsMdQ == 0);
+
+  using TiledMmaSdP = Sm80TiledMma<Element, kWarpsMSdP, kWarps / kWarpsMSdP>;
+  using TiledMmadKV = Sm80TiledMma<Element, kWarpsNdKV, kWarps / kWarpsNdKV>;
+  using TiledMmadQ = Sm80TiledMma<Element, kWarpsMdQ, kWarps / kWarpsMdQ>;
+
+  // Q, dO (kBlockM × D), K, V (kBlockN × D), and P, dS (kBlockM × kBlockN): the forward's
+  // swizzled row atoms. Each is also read transposed (ldmatrix.trans) by one of the GEMMs.
+  using SmemQ = SmemTileShape<Element, kHeadDim>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      typename SmemQ::Atom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{},
+      cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>>{}, cute::GenRowMajor{})));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      typename SmemQ::Atom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKVt = decltype(cute::composition(
+      SmemLayoutKV{},
+      cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::GenRowMajor{})));
+  using SmemP = SmemTileShape<Element, kBlockN>;
+  using SmemLayoutPdS = decltype(cute::tile_to_shape(
+      typename SmemP::Atom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
+  using SmemLayoutPdSt = decltype(cute::composition(
+      SmemLayoutPdS{},
+      cute::make_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>{}, cute::GenRowMajor{})));
+
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
+  using SmemCopyAtomStore = cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+
+  using GmemThreadLayout =
+      cute::Layout<cute::Shape<cute::Int<kThreads / SmemQ::kThreadsPerRow>, cute::Int<SmemQ::kThreadsPerRow>>,
+                   cute::Stride<cute::Int<SmemQ::kThreadsPerRow>, cute::_1>>;
+  using GmemVectorLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<SmemQ::kElemsPerVector>>>;
+  using GmemCopyLoad = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+      GmemThreadLayout{}, GmemVectorLayout{}));
+  using GmemCopyStore = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>{},
+      GmemThreadLayout{}, GmemVectorLayout{}));
+
+  static constexpr int kQStages = 2;  // the next Q tile loads while this one is in use
+  static constexpr int kSmemQ = int(cute::cosize(SmemLayoutQ{}));
+  static constexpr int kSmemKV = int(cute::cosize(SmemLayoutKV{}));
+  static constexpr int kSmemPdS = int(cute::cosize(SmemLayoutPdS{}));
+  // Q stages, dO, K, V, P, dS
+  static constexpr int kSmemBytes =
+      ((kQStages + 1) * kSmemQ + 2 * kSmemKV + 2 * kSmemPdS) * int(sizeof(Element));
+};
+
+}  // namespace fa::sm80

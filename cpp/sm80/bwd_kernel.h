@@ -1,0 +1,300 @@
+// The Ampere-family backward kernel: FlashAttention-2's backward on mma.sync, cp.async, ldmatrix.
+//
+// Algorithm. One CTA owns kBlockN keys of one (batch, kv head): its K and V tiles stay in shared
+// memory while it walks every query tile that sees them, for each query head of the kv head's
+// group in turn (grouped-query attention sums dK and dV over the group in registers, with no
+// atomics and no extra memory). For each query tile it recomputes
+//   S = Q Kᵀ,  P = exp(S·scale - lse)            (lse saved by the forward: P is never stored)
+//   dP = dO Vᵀ,  dS = P ∘ (dP - delta)           (delta = rowsum(dO ∘ O), from the pre-pass)
+// and accumulates dV += Pᵀ dO and dK += dSᵀ Q in registers; dQ += dS K goes to an fp32 workspace
+// with atomic adds (other CTAs add to the same rows), which the post-pass scales and converts.
+//
+// Tile plan. kBlockM × kBlockN steps, three warp arrangements (bwd_config.h). P and dS go through
+// shared memory in fp16/bf16: the dK/dV GEMMs read them transposed with ldmatrix.trans, as they
+// read dO and Q; the dQ GEMM reads dS as it is and K transposed.
+//
+// Pipeline and synchronisation. Q is double-buffered, dO single. A step on query tile t:
+//   wait all; __syncthreads   Q[t], dO[t] visible; every warp is done with step t-1's P and dS
+//   S = Q Kᵀ; mask; P -> smem; dP = dO Vᵀ; dS
+//   issue Q[t+1]              into the other stage (last read in step t-1)
+//   dS -> smem; __syncthreads P and dS visible to all warps
+//   dV += Pᵀ dO
+//   __syncthreads             every warp is done reading dO[t]
+//   issue dO[t+1]
+//   dQ += dS K (atomics); dK += dSᵀ Q
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/attention_mask.h"
+#include "fa/params.h"
+#include "sm80/fragments.h"
+#include "sm80/gemm.h"
+#include "sm80/tile_copy.h"
+
+namespace fa::sm80 {
+
+template <class Config, bool kCausal>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    backward_kernel(const __grid_constant__ BackwardParams params) {
+  using namespace cute;
+  using Element = typename Config::Element;
+  constexpr int kBlockM = Config::kBlockM;
+  constexpr int kBlockN = Config::kBlockN;
+  constexpr int kHeadDim = Config::kHeadDim;
+  using QTile = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using KVTile = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using STile = Shape<Int<kBlockM>, Int<kBlockN>>;
+
+  extern __shared__ __align__(128) char smem[];
+  const int tid = threadIdx.x;
+  const int n_block = blockIdx.x;
+  const int head_kv = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int group = params.heads_q / params.heads_kv;
+  const int key_begin = n_block * kBlockN;
+  const int keys_left = params.seqlen_k - key_begin;
+  const AttentionMask<kCausal> mask(params.seqlen_q, params.seqlen_k);
+
+  // The query tiles that see these keys: with kCausal, row i sees key j iff i >= j - diagonal.
+  const int m_end = (params.seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_begin = kCausal ? max(0, (key_begin - mask.diagonal) / kBlockM) : 0;
+  const int m_tiles = max(0, m_end - m_begin);
+  const int steps = m_tiles * group;
+
+  auto kv_rows = [&](auto* base, Strides s) {  // base: const Element* (K, V) or Element* (dK, dV)
+    Tensor m = make_tensor(make_gmem_ptr(base + batch * s.batch + head_kv * s.head),
+                           make_shape(params.seqlen_k, Int<kHeadDim>{}), make_stride(s.row, _1{}));
+    return local_tile(m, KVTile{}, make_coord(n_block, 0));
+  };
+  typename Config::GmemCopyStore gmem_store;
+  auto gmem_thr_store = gmem_store.get_thread_slice(tid);
+  Tensor tKVc = gmem_thr_store.partition_D(make_identity_tensor(KVTile{}));
+  const auto col_ok = column_predicates(tKVc, params.head_dim);
+
+  if (steps == 0) {  // no query sees these keys: dK = dV = 0
+    Tensor zeros = make_tensor<Element>(shape(tKVc));
+    clear(zeros);
+    store_tile_predicated(gmem_store, zeros, gmem_thr_store.partition_D(kv_rows(static_cast<Element*>(params.dk), params.dk_stride)),
+                          tKVc, col_ok, keys_left);
+    store_tile_predicated(gmem_store, zeros, gmem_thr_store.partition_D(kv_rows(static_cast<Element*>(params.dv), params.dv_stride)),
+                          tKVc, col_ok, keys_left);
+    return;
+  }
+
+  // Shared memory: Q stages, dO, K, V, P, dS.
+  Element* smem_q = reinterpret_cast<Element*>(smem);
+  Element* smem_do = smem_q + Config::kQStages * Config::kSmemQ;
+  Element* smem_k = smem_do + Config::kSmemQ;
+  Element* smem_v = smem_k + Config::kSmemKV;
+  Element* smem_p = smem_v + Config::kSmemKV;
+  Element* smem_ds = smem_p + Config::kSmemPdS;
+  auto sQ = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_q + stage * Config::kSmemQ), typename Config::SmemLayoutQ{});
+  };
+  auto sQt = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_q + stage * Config::kSmemQ), typename Config::SmemLayoutQt{});
+  };
+  Tensor sdO = make_tensor(make_smem_ptr(smem_do), typename Config::SmemLayoutQ{});
+  Tensor sdOt = make_tensor(make_smem_ptr(smem_do), typename Config::SmemLayoutQt{});
+  Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Config::SmemLayoutKV{});
+  Tensor sKt = make_tensor(make_smem_ptr(smem_k), typename Config::SmemLayoutKVt{});
+  Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Config::SmemLayoutKV{});
+  Tensor sP = make_tensor(make_smem_ptr(smem_p), typename Config::SmemLayoutPdS{});
+  Tensor sPt = make_tensor(make_smem_ptr(smem_p), typename Config::SmemLayoutPdSt{});
+  Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename Config::SmemLayoutPdS{});
+  Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename Config::SmemLayoutPdSt{});
+
+  // Step t works on query head head_kv·group + t / m_tiles, query tile m_begin + t % m_tiles.
+  auto step_head = [&](int t) { return head_kv * group + t / m_tiles; };
+  auto step_tile = [&](int t) { return m_begin + t % m_tiles; };
+  auto q_rows = [&](const void* base, Strides s, int t) {
+    Tensor m = make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + batch * s.batch + step_head(t) * s.head),
+                           make_shape(params.seqlen_q, Int<kHeadDim>{}), make_stride(s.row, _1{}));
+    return local_tile(m, QTile{}, make_coord(step_tile(t), 0));
+  };
+
+  typename Config::GmemCopyLoad gmem_load;
+  auto gmem_thr_load = gmem_load.get_thread_slice(tid);
+  Tensor tQc = gmem_thr_load.partition_S(make_identity_tensor(QTile{}));
+  Tensor tKVc_load = gmem_thr_load.partition_S(make_identity_tensor(KVTile{}));
+  auto load_q = [&](int t, int stage) {
+    copy_tile_zero_fill<true>(gmem_load, gmem_thr_load.partition_S(q_rows(params.q, params.q_stride, t)),
+                              gmem_thr_load.partition_D(sQ(stage)), tQc, col_ok,
+                              params.seqlen_q - step_tile(t) * kBlockM);
+  };
+  auto load_do = [&](int t) {
+    copy_tile_zero_fill<true>(gmem_load, gmem_thr_load.partition_S(q_rows(params.dout, params.dout_stride, t)),
+                              gmem_thr_load.partition_D(sdO), tQc, col_ok,
+                              params.seqlen_q - step_tile(t) * kBlockM);
+  };
+
+  copy_tile_zero_fill<true>(gmem_load, gmem_thr_load.partition_S(kv_rows(static_cast<const Element*>(params.k), params.k_stride)),
+                            gmem_thr_load.partition_D(sK), tKVc_load, col_ok, keys_left);
+  copy_tile_zero_fill<true>(gmem_load, gmem_thr_load.partition_S(kv_rows(static_cast<const Element*>(params.v), params.v_stride)),
+                            gmem_thr_load.partition_D(sV), tKVc_load, col_ok, keys_left);
+  load_q(0, 0);
+  load_do(0);
+  cp_async_fence();
+
+  // S = Q Kᵀ and dP = dO Vᵀ.
+  typename Config::TiledMmaSdP mma_sdp;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  Tensor tSrQ = thr_sdp.partition_fragment_A(sQ(0));
+  Tensor tSrK = thr_sdp.partition_fragment_B(sK);
+  Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);
+  Tensor tdPrV = thr_sdp.partition_fragment_B(sV);
+  auto copy_a_sdp = make_tiled_copy_A(typename Config::SmemCopyAtom{}, mma_sdp);
+  auto thr_copy_a_sdp = copy_a_sdp.get_thread_slice(tid);
+  auto copy_b_sdp = make_tiled_copy_B(typename Config::SmemCopyAtom{}, mma_sdp);
+  auto thr_copy_b_sdp = copy_b_sdp.get_thread_slice(tid);
+  Tensor tSsK = thr_copy_b_sdp.partition_S(sK);
+  Tensor tdPsdO = thr_copy_a_sdp.partition_S(sdO);
+  Tensor tdPsV = thr_copy_b_sdp.partition_S(sV);
+  auto store_pds = make_tiled_copy_C(typename Config::SmemCopyAtomStore{}, mma_sdp);
+  auto thr_store_pds = store_pds.get_thread_slice(tid);
+  Tensor tPsP = thr_store_pds.partition_D(sP);
+  Tensor tdSsdS = thr_store_pds.partition_D(sdS);
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(STile{}));  // (row, key) of each score
+  Tensor score_coords = rowcol_view(tScS);
+  constexpr int kRows = decltype(size<0>(score_coords))::value;
+
+  // dV += Pᵀ dO and dK += dSᵀ Q.
+  typename Config::TiledMmadKV mma_dkv;
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);
+  Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(0));
+  auto copy_at_dkv = make_tiled_copy_A(typename Config::SmemCopyAtomTransposed{}, mma_dkv);
+  auto thr_copy_at_dkv = copy_at_dkv.get_thread_slice(tid);
+  auto copy_bt_dkv = make_tiled_copy_B(typename Config::SmemCopyAtomTransposed{}, mma_dkv);
+  auto thr_copy_bt_dkv = copy_bt_dkv.get_thread_slice(tid);
+  Tensor tdVsPt = thr_copy_at_dkv.partition_S(sPt);
+  Tensor tdKsdSt = thr_copy_at_dkv.partition_S(sdSt);
+  Tensor tdVsdOt = thr_copy_bt_dkv.partition_S(sdOt);
+  Tensor acc_dk = partition_fragment_C(mma_dkv, KVTile{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, KVTile{});
+  clear(acc_dk);
+  clear(acc_dv);
+
+  // dQ += dS K.
+  typename Config::TiledMmadQ mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+  auto copy_a_dq = make_tiled_copy_A(typename Config::SmemCopyAtom{}, mma_dq);
+  auto thr_copy_a_dq = copy_a_dq.get_thread_slice(tid);
+  auto copy_bt_dq = make_tiled_copy_B(typename Config::SmemCopyAtomTransposed{}, mma_dq);
+  auto thr_copy_bt_dq = copy_bt_dq.get_thread_slice(tid);
+  Tensor tdQsdS = thr_copy_a_dq.partition_S(sdS);
+  Tensor tdQsKt = thr_copy_bt_dq.partition_S(sKt);
+  Tensor tdQc = thr_dq.partition_C(make_identity_tensor(QTile{}));
+
+  for (int t = 0; t < steps; ++t) {
+    const int head = step_head(t);
+    const int row_begin = step_tile(t) * kBlockM;
+    const int stage = t % Config::kQStages;
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // This thread's rows: their lse (a row that saw no key, or lies past seqlen_q, gets +inf so its
+    // P is exactly 0) in log2 units, and their delta.
+    const float* lse = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
+    const float* delta = params.delta + (int64_t(batch) * params.heads_q + head) * params.seqlen_q_rounded;
+    float lse_log2[kRows], row_delta[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = row_begin + get<0>(score_coords(r, 0));
+      const float l = row < params.seqlen_q ? lse[row] : INFINITY;
+      lse_log2[r] = (l == -INFINITY ? INFINITY : l) * float(M_LOG2E);
+      row_delta[r] = delta[row];
+    }
+
+    // P = exp(S·scale - lse), written to shared memory for dV.
+    Tensor acc_s = partition_fragment_C(mma_sdp, STile{});
+    clear(acc_s);
+    gemm_smem_smem(acc_s, tSrQ, thr_copy_a_sdp.retile_D(tSrQ), thr_copy_a_sdp.partition_S(sQ(stage)), copy_a_sdp,
+                   tSrK, thr_copy_b_sdp.retile_D(tSrK), tSsK, copy_b_sdp, mma_sdp);
+    const bool crosses_diagonal = kCausal && row_begin + mask.diagonal < key_begin + kBlockN - 1;
+    if (crosses_diagonal || keys_left < kBlockN) mask.apply(acc_s, tScS, row_begin, key_begin);
+    Tensor probs = rowcol_view(acc_s);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(probs); ++c) {
+        probs(r, c) = exp2f(probs(r, c) * params.scale_log2 - lse_log2[r]);
+      }
+    }
+    Tensor rP = convert_fragment<Element>(acc_s);
+    copy(store_pds, thr_store_pds.retile_S(rP), tPsP);
+
+    // dS = P ∘ (dO Vᵀ - delta).
+    Tensor acc_dp = partition_fragment_C(mma_sdp, STile{});
+    clear(acc_dp);
+    gemm_smem_smem(acc_dp, tdPrdO, thr_copy_a_sdp.retile_D(tdPrdO), tdPsdO, copy_a_sdp,
+                   tdPrV, thr_copy_b_sdp.retile_D(tdPrV), tdPsV, copy_b_sdp, mma_sdp);
+    Tensor dscores = rowcol_view(acc_dp);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(dscores); ++c) {
+        dscores(r, c) = probs(r, c) * (dscores(r, c) - row_delta[r]);
+      }
+    }
+
+    if (t + 1 < steps) {
+      load_q(t + 1, (t + 1) % Config::kQStages);
+      cp_async_fence();
+    }
+    Tensor rdS = convert_fragment<Element>(acc_dp);
+    copy(store_pds, thr_store_pds.retile_S(rdS), tdSsdS);
+    __syncthreads();
+
+    gemm_smem_smem(acc_dv, tdVrPt, thr_copy_at_dkv.retile_D(tdVrPt), tdVsPt, copy_at_dkv,
+                   tdVrdOt, thr_copy_bt_dkv.retile_D(tdVrdOt), tdVsdOt, copy_bt_dkv, mma_dkv);
+    __syncthreads();
+    if (t + 1 < steps) {
+      load_do(t + 1);
+      cp_async_fence();
+    }
+
+    // dQ: other CTAs (the other key tiles) add to the same rows, hence the atomics.
+    Tensor acc_dq = partition_fragment_C(mma_dq, QTile{});
+    clear(acc_dq);
+    gemm_smem_smem(acc_dq, tdQrdS, thr_copy_a_dq.retile_D(tdQrdS), tdQsdS, copy_a_dq,
+                   tdQrKt, thr_copy_bt_dq.retile_D(tdQrKt), tdQsKt, copy_bt_dq, mma_dq);
+    float* dq_accum = params.dq_accum +
+                      ((int64_t(batch) * params.heads_q + head) * params.seqlen_q_rounded + row_begin) *
+                          params.head_dim_rounded;
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dq); ++i) {
+      atomicAdd(dq_accum + get<0>(tdQc(i)) * kHeadDim + get<1>(tdQc(i)), acc_dq(i));
+    }
+
+    gemm_smem_smem(acc_dk, tdKrdSt, thr_copy_at_dkv.retile_D(tdKrdSt), tdKsdSt, copy_at_dkv,
+                   tdKrQt, thr_copy_bt_dkv.retile_D(tdKrQt), thr_copy_bt_dkv.partition_S(sQt(stage)),
+                   copy_bt_dkv, mma_dkv);
+  }
+
+  // Epilogue: dK = scale · dSᵀ Q; stage dK and dV through K's and V's shared memory, store them.
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= params.scale;
+  Tensor rdK = convert_fragment<Element>(acc_dk);
+  Tensor rdV = convert_fragment<Element>(acc_dv);
+  auto store_dkv = make_tiled_copy_C(typename Config::SmemCopyAtomStore{}, mma_dkv);
+  auto thr_store_dkv = store_dkv.get_thread_slice(tid);
+  __syncthreads();  // every warp is done reading K and V
+  copy(store_dkv, thr_store_dkv.retile_S(rdK), thr_store_dkv.partition_D(sK));
+  copy(store_dkv, thr_store_dkv.retile_S(rdV), thr_store_dkv.partition_D(sV));
+  __syncthreads();
+  Tensor rK = make_tensor<Element>(shape(tKVc));
+  copy(gmem_store, gmem_thr_store.partition_S(sK), rK);
+  store_tile_predicated(gmem_store, rK, gmem_thr_store.partition_D(kv_rows(static_cast<Element*>(params.dk), params.dk_stride)), tKVc,
+                        col_ok, keys_left);
+  copy(gmem_store, gmem_thr_store.partition_S(sV), rK);
+  store_tile_predicated(gmem_store, rK, gmem_thr_store.partition_D(kv_rows(static_cast<Element*>(params.dv), params.dv_stride)), tKVc,
+                        col_ok, keys_left);
+}
+
+}  // namespace fa::sm80

@@ -1,0 +1,101 @@
+"""The benchmark's and the profiler's arithmetic and outputs, on the CPU."""
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench  # noqa: E402
+import profile_ncu as fa_profile  # noqa: E402
+
+
+def test_flop_formula():
+    # 4·B·H·Sq·Sk·D forward, halved when causal, x2.5 for the backward.
+    assert bench.attention_flops(4, 64, 8192, 8192, 128, False) == 4 * 4 * 64 * 8192 * 8192 * 128
+    assert bench.attention_flops(4, 64, 8192, 8192, 128, True) == 2 * 4 * 64 * 8192 * 8192 * 128
+    assert bench.attention_flops(1, 1, 10, 20, 8, False, "bwd") == 2.5 * 4 * 10 * 20 * 8
+
+
+def test_tflops_matches_reference_numbers():
+    # The README's reference: FA2 at (4, 64, 8192, 128) fp16 forward, 25.6 ms -> 344 TFLOP/s.
+    case = bench.Case(4, 64, 8192, 128, causal=False, mode="fwd")
+    assert bench.tflops(case, 25.6) == pytest.approx(343.6, abs=0.1)
+    assert bench.tflops(bench.Case(4, 64, 8192, 128, False, "bwd"), 72.0) == pytest.approx(305.4, abs=0.1)
+
+
+def test_ratios_and_table(tmp_path):
+    case = bench.Case(1, 2, 128, 64, causal=True, mode="fwd")
+    results = [bench.Result(case, "fa", ms=1.0), bench.Result(case, "cudnn", ms=0.5), bench.Result(case, "naive", ms=4.0),
+               bench.Result(case, "math", note="skipped: S x S needs ~9 GiB")]
+    bench.fill_ratios(results)
+    fa, cudnn, naive, math_ = results
+    assert fa.speedup_vs_naive == 4.0 and fa.ratio_to_cudnn == 0.5
+    assert cudnn.ratio_to_cudnn == 1.0 and naive.speedup_vs_naive == 1.0 and math_.ratio_to_cudnn is None
+    table = bench.markdown_table(results)
+    assert table.splitlines()[0].startswith("| shape (B, H, S, D) | causal | mode | impl | ms | TFLOP/s")
+    assert "| (1, 2, 128, 64) | 1 | fwd | fa | 1.000 |" in table and "skipped: S x S" in table
+
+    csv_path, json_path = bench.write_results(results, tmp_path, "t", {"gpu": "test"})
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [r["impl"] for r in rows] == ["fa", "cudnn", "naive", "math"]
+    assert float(rows[0]["ms"]) == 1.0 and rows[0]["seqlen"] == "128" and rows[0]["causal"] == "True"
+    data = json.loads(json_path.read_text())
+    assert data["meta"] == {"gpu": "test"} and data["results"][2]["speedup_vs_naive"] == 1.0
+
+
+def test_memory_estimate_skips_only_materialising_impls():
+    case = bench.Case(4, 64, 8192, 128, False, "fwd")
+    assert bench.materialises_scores("naive") and bench.materialises_scores("math")
+    assert not bench.materialises_scores("fa") and not bench.materialises_scores("flash")
+    assert bench.scores_bytes(case) == 4 * 64 * 8192 * 8192 * 4 * 3
+
+
+def test_arguments():
+    args = bench.parse_args(["--shapes", "1,2,3,4;(5,6,7,8)", "--causal", "1", "--mode", "bwd", "--impl", "fa,cudnn"])
+    assert args.shapes == [(1, 2, 3, 4), (5, 6, 7, 8)] and args.causal_values == [True] and args.modes == ["bwd"]
+    assert [c.shape for c in bench.build_cases(args)] == [(1, 2, 3, 4), (5, 6, 7, 8)]
+    default = bench.build_cases(bench.parse_args([]))
+    assert len(default) == 4 * 2 * 2 and default[0] == bench.Case(1, 64, 1024, 128, False, "fwd")
+    sweep = bench.build_cases(bench.parse_args(["--sweep", "--causal", "0", "--mode", "fwd"]))
+    assert {c.head_dim for c in sweep} == {64, 128, 256} and {c.seqlen for c in sweep} == set(bench.SWEEP_SEQLENS)
+    assert all(c.batch * c.seqlen == max(bench.SWEEP_TOKENS, c.seqlen) and c.heads * c.head_dim == bench.SWEEP_WIDTH
+               for c in sweep)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--impl", "fa,bogus"])
+
+
+def test_mismatch_check_catches_a_wrong_kernel():
+    case = bench.Case(1, 1, 8, 8, False, "fwd")
+    good = torch.randn(64)
+    mismatches = []
+    bench.check_fa(case, {"fa": good + 1e-4, "flash": good}, mismatches)
+    assert mismatches == []
+    bench.check_fa(case, {"fa": good + 1.0, "flash": good}, mismatches)
+    assert len(mismatches) == 1 and "fa differs from SDPA flash" in mismatches[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU demonstration runs without a GPU")
+def test_bench_without_gpu_runs_cpu_demo(capsys):
+    assert bench.main([]) == 0
+    assert "No CUDA GPU" in capsys.readouterr().out
+
+
+def test_profile_summary_from_report_rows():
+    flops = fa_profile.case_flops((4, 64, 8192, 128), False, "fwd")
+    assert flops == 4 * 4 * 64 * 8192 * 8192 * 128
+    row = {
+        "Kernel Name": "void fa::sm80::forward_kernel<...>(fa::ForwardParams)",
+        "gpu__time_duration.sum": "26,000,000",
+        "launch__registers_per_thread": "255",
+        "smsp__sass_inst_executed_op_local_ld.sum": "0",
+        "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": "0.5",
+        "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio": "1.5",
+    }
+    text = fa_profile.summarize([row], flops)
+    assert "achieved TFLOP/s         338" in text  # 8.8 TFLOP in 26 ms
+    assert "registers/thread         255" in text and "tensor pipe %            n/a" in text
+    assert "math_pipe_throttle 1.50, barrier 0.50" in text
