@@ -91,3 +91,37 @@ def poison_cuda_allocator(*shapes_dtypes, device="cuda"):
         return
     blocks = [torch.full(shape, float("nan"), dtype=dtype, device=device) for shape, dtype in shapes_dtypes]
     del blocks
+
+
+def naive_attention_grads(q, k, v, dout, causal=False, scale=None, dtype=torch.float64):
+    """dq, dk, dv of naive_attention by the explicit formulas, evaluated in `dtype` one chunk of
+    heads at a time (no autograd graph: large shapes fit). With P = softmax(S), dP = dO Vᵀ:
+    dV = Pᵀ dO, dS = P ∘ (dP - rowsum(dP ∘ P)), dQ = scale · dS K, dK = scale · dSᵀ Q; dk and dv are
+    summed over each GQA group."""
+    b, hq, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    group = hq // hk
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    hidden = causal_hidden(sq, sk, q.device) if causal else None
+    dq = torch.empty(q.shape, dtype=dtype, device=q.device)
+    dk = torch.zeros((b, hq, sk, d), dtype=dtype, device=q.device)
+    dv = torch.zeros((b, hq, sk, d), dtype=dtype, device=q.device)
+    step = _heads_per_chunk(sq, sk, torch.finfo(dtype).bits // 8 * 4)
+    for h0 in range(0, hq, step):
+        hs = slice(h0, min(hq, h0 + step))
+        kv = slice(h0 // group, (hs.stop - 1) // group + 1)
+        qs, dos = q[:, hs].to(dtype), dout[:, hs].to(dtype)
+        ks = k[:, kv].to(dtype).repeat_interleave(group, dim=1)[:, h0 % group:h0 % group + qs.size(1)]
+        vs = v[:, kv].to(dtype).repeat_interleave(group, dim=1)[:, h0 % group:h0 % group + qs.size(1)]
+        s = (qs @ ks.transpose(-2, -1)) * scale
+        if hidden is not None:
+            s = s.masked_fill(hidden, -math.inf)
+        empty_rows = torch.isinf(s).all(dim=-1, keepdim=True)
+        p = torch.softmax(s.masked_fill(empty_rows, 0.0), dim=-1).masked_fill(empty_rows, 0.0)
+        dp = dos @ vs.transpose(-2, -1)
+        ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True))
+        dq[:, hs] = (ds @ ks) * scale
+        dk[:, hs] = (ds.transpose(-2, -1) @ qs) * scale
+        dv[:, hs] = p.transpose(-2, -1) @ dos
+    fold = lambda t: t.view(b, hk, group, sk, d).sum(dim=2)  # noqa: E731
+    return dq, fold(dk), fold(dv)

@@ -5,9 +5,10 @@
 //   workspace that the main kernel accumulates into with atomics.
 // Post-pass: dQ = scale · workspace, converted to the input dtype and stored with q's strides.
 //
-// Both give each row kHeadDim / 8 threads, each owning one 16-byte vector (8 elements) of it, and
-// cover kRowsPerBlock rows of one (batch, head) per CTA. Rows past seqlen_q (the workspace is
-// padded to a multiple of kRowsPerBlock) get delta 0 and are never converted.
+// Both give each row a power-of-two group of threads (so its sum reduces with shuffles inside the
+// group), each owning one 16-byte vector (8 elements) of it, and cover kRowsPerBlock rows of one
+// (batch, head) per CTA. Rows past seqlen_q (the workspace is padded to a multiple of
+// kRowsPerBlock) get delta 0 and are never converted.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,10 +24,10 @@ struct RowPassShape {
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerBlock = 128;
   static constexpr int kVector = 8;
-  static constexpr int kThreadsPerRow = kHeadDim / kVector;
+  static constexpr int kThreadsPerRow = kHeadDim <= 32 ? 4 : kHeadDim <= 64 ? 8 : kHeadDim <= 128 ? 16 : 32;
   static constexpr int kRowsPerPass = kThreads / kThreadsPerRow;
   static constexpr int kPasses = kRowsPerBlock / kRowsPerPass;
-  static_assert(kHeadDim % kVector == 0 && 32 % kThreadsPerRow == 0 && kPasses >= 1);
+  static_assert(kHeadDim % kVector == 0 && kHeadDim <= kThreadsPerRow * kVector && kPasses >= 1);
 };
 
 template <class Element, int kHeadDim>
@@ -56,6 +57,7 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
       dot += __shfl_xor_sync(0xffffffffu, dot, offset);
     }
     if (col == 0) delta[row] = dot;
+    if (col >= kHeadDim) continue;  // the group's spare lanes (kHeadDim 96)
     float4* accum_row = reinterpret_cast<float4*>(accum + int64_t(row) * p.head_dim_rounded + col);
     accum_row[0] = make_float4(0.f, 0.f, 0.f, 0.f);
     accum_row[1] = make_float4(0.f, 0.f, 0.f, 0.f);
