@@ -5,7 +5,7 @@
 //   nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DNDEBUG --split-compile=0 \
 //     -gencode=arch=compute_90a,code=sm_90a -Icpp -Icpp/include -I<cutlass>/include \
 //     benchmarks/tile_sweep.cu -o tile_sweep
-//   ./tile_sweep B H S causal       (fp16; head dims 64 and 128)
+//   ./tile_sweep B H S causal       (fp16; head dims 64, 128 and 256)
 //
 // The first configuration of each list is the one that ships (the tests check it against a
 // float64 reference); every other one must reproduce its outputs, or its row says MISMATCH.
@@ -167,15 +167,19 @@ void run(int batch, int heads, int seqlen) {
   const double flops = 4.0 * batch * heads * double(seqlen) * seqlen * D / (kCausal ? 2 : 1);
   std::printf("\n(B, H, S, D) = (%d, %d, %d, %d) fp16 causal=%d\n", batch, heads, seqlen, D, int(kCausal));
   std::vector<float> fwd_ref, bwd_ref;
-  if constexpr (D == 128) {
-    sweep_forward<kCausal, Fwd<128>, FwdAlt<128, 128, 32, 4>, FwdAlt<128, 128, 64, 8>, FwdAlt<128, 128, 128, 8>,
+  if constexpr (D == 256) {
+    sweep_forward<kCausal, Fwd<256>, FwdAlt<256, 64, 64, 4>, FwdAlt<256, 128, 64, 8>>(p, b, flops, &fwd_ref);
+    fa::sm80::launch_forward<Fwd<256>, kCausal>(p, nullptr);
+    sweep_backward<kCausal, Bwd<256>>(p, b, 2.5 * flops, &bwd_ref);
+  } else if constexpr (D == 128) {
+    sweep_forward<kCausal, Fwd<128>, FwdAlt<128, 128, 64, 4>, FwdAlt<128, 128, 64, 8>, FwdAlt<128, 128, 128, 8>,
                   FwdAlt<128, 64, 64, 4>>(p, b, flops, &fwd_ref);
     // The backward reads the shipped forward's out and lse.
     fa::sm80::launch_forward<Fwd<128>, kCausal>(p, nullptr);
     sweep_backward<kCausal, Bwd<128>, BwdAlt<128, 64, 128, 8, 2, 4, 4>, BwdAlt<128, 64, 64, 4, 2, 2, 2>,
                    BwdAlt<128, 128, 64, 8, 4, 2, 4>>(p, b, 2.5 * flops, &bwd_ref);
   } else {
-    sweep_forward<kCausal, Fwd<64>, FwdAlt<64, 128, 64, 4>, FwdAlt<64, 128, 128, 8>, FwdAlt<64, 64, 128, 4>>(
+    sweep_forward<kCausal, Fwd<64>, FwdAlt<64, 128, 128, 4>, FwdAlt<64, 128, 128, 8>, FwdAlt<64, 64, 128, 4>>(
         p, b, flops, &fwd_ref);
     fa::sm80::launch_forward<Fwd<64>, kCausal>(p, nullptr);
     sweep_backward<kCausal, Bwd<64>, BwdAlt<64, 64, 128, 8, 2, 4, 4>, BwdAlt<64, 128, 64, 8, 4, 2, 4>>(
@@ -191,7 +195,7 @@ void run(int batch, int heads, int seqlen) {
 
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::fprintf(stderr, "usage: %s B H S causal(0|1)   (fp16; head dims 64 and 128)\n", argv[0]);
+    std::fprintf(stderr, "usage: %s B H S causal(0|1)   (fp16; head dims 64, 128 and 256)\n", argv[0]);
     return 2;
   }
   const int batch = std::atoi(argv[1]), heads = std::atoi(argv[2]), seqlen = std::atoi(argv[3]);
@@ -199,9 +203,11 @@ int main(int argc, char** argv) {
   if (causal) {
     run<128, true>(batch, heads, seqlen);
     run<64, true>(batch, heads, seqlen);
+    run<256, true>(batch, heads, seqlen);
   } else {
     run<128, false>(batch, heads, seqlen);
     run<64, false>(batch, heads, seqlen);
+    run<256, false>(batch, heads, seqlen);
   }
   return 0;
 }

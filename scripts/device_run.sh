@@ -14,10 +14,11 @@
 #   --sass       dump the SASS of the fa library and count matrix instructions and spills
 #   --sweep "…"  build benchmarks/tile_sweep.cu here and run it on each "B H S causal" case (';'-separated)
 #   --profile "…" benchmarks/profile_ncu.py arguments (Nsight Compute)
+#   --gdb "…"    run pytest with these arguments under cuda-gdb and save the native backtrace
 set -uo pipefail
 OUT=${OUT:-/tmp/fa-out}
 mkdir -p "$OUT"
-mode=prebuilt tests="" bench="" sanitize=0 sass=0 sweep="" profile=""
+mode=prebuilt tests="" bench="" sanitize=0 sass=0 sweep="" profile="" gdb=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) mode=prebuilt ;;
@@ -28,6 +29,7 @@ while [ $# -gt 0 ]; do
     --sass) sass=1 ;;
     --sweep) sweep="$2"; shift ;;
     --profile) profile="$2"; shift ;;
+    --gdb) gdb="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -82,6 +84,14 @@ if [ -n "$sweep" ]; then
     # shellcheck disable=SC2086
     [ -x /tmp/tile_sweep ] && /tmp/tile_sweep $c 2>&1 | tee -a "$OUT/tile_sweep.txt"
   done
+fi
+
+if [ -n "$gdb" ]; then
+  step "cuda-gdb backtrace of pytest ${gdb}"
+  # shellcheck disable=SC2086
+  cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args python3 -m pytest -x -q -p no:cacheprovider ${gdb} \
+    > "$OUT/gdb.txt" 2>&1
+  grep -E "^#[0-9]+ |SIGSEGV|passed|failed" "$OUT/gdb.txt" | head -40
 fi
 
 if [ "$tests" != skip ]; then

@@ -5,6 +5,7 @@
 #include <string>
 #include <type_traits>
 
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
