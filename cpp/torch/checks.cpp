@@ -1,18 +1,34 @@
 #include "checks.h"
 
+#include <cinttypes>
 #include <cmath>
-#include <sstream>
+#include <cstdio>
 
 #include <c10/util/Exception.h>
 
 namespace fa::torch_binding {
+
+std::string str_of(int64_t value) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%" PRId64, value);
+  return buf;
+}
+
+std::string str_of(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", value);
+  return buf;
+}
+
+std::string str_of(c10::IntArrayRef values) {
+  std::string out = "[";
+  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + str_of(values[i]);
+  return out + "]";
+}
+
 namespace {
 
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
-}
+std::string shape_of(const at::Tensor& t) { return str_of(t.sizes()); }
 
 void check_rank4_half(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), op, ": ", name, " is undefined");
@@ -23,7 +39,7 @@ void check_rank4_half(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.is_cpu() || t.is_cuda(), op, ": ", name, " must be a CPU or CUDA tensor, got device ",
               t.device());
   TORCH_CHECK(t.size(3) <= 1 || t.stride(3) == 1, op, ": ", name,
-              " must have stride 1 in its last dimension (head_dim), got strides ", t.strides(),
+              " must have stride 1 in its last dimension (head_dim), got strides ", str_of(t.strides()),
               "; call .contiguous() on it");
 }
 
@@ -54,19 +70,19 @@ AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, co
 
   TORCH_CHECK(k.sizes() == v.sizes(), op, ": k and v must have the same shape (batch, heads_kv, seqlen_k, ",
               "head_dim), got k ", shape_of(k), " and v ", shape_of(v));
-  TORCH_CHECK(k.size(0) == s.batch, op, ": k and v must have q's batch size ", s.batch, ", got ",
-              k.size(0));
-  TORCH_CHECK(k.size(3) == s.head_dim, op, ": k and v must have q's head_dim ", s.head_dim, ", got ",
-              k.size(3));
+  TORCH_CHECK(k.size(0) == s.batch, op, ": k and v must have q's batch size ", str_of(s.batch), ", got ",
+              str_of(k.size(0)));
+  TORCH_CHECK(k.size(3) == s.head_dim, op, ": k and v must have q's head_dim ", str_of(s.head_dim), ", got ",
+              str_of(k.size(3)));
   TORCH_CHECK(s.head_dim % kHeadDimMultiple == 0 && s.head_dim >= kHeadDimMultiple &&
                   s.head_dim <= kMaxHeadDim,
-              op, ": head_dim must be a multiple of ", kHeadDimMultiple, " between ", kHeadDimMultiple,
-              " and ", kMaxHeadDim, ", got ", s.head_dim);
+              op, ": head_dim must be a multiple of ", str_of(kHeadDimMultiple), " between ",
+              str_of(kHeadDimMultiple), " and ", str_of(kMaxHeadDim), ", got ", str_of(s.head_dim));
   if (s.heads_kv == 0) {
-    TORCH_CHECK(s.heads_q == 0, op, ": k and v have 0 heads but q has ", s.heads_q);
+    TORCH_CHECK(s.heads_q == 0, op, ": k and v have 0 heads but q has ", str_of(s.heads_q));
   } else {
-    TORCH_CHECK(s.heads_q % s.heads_kv == 0, op, ": the number of query heads (", s.heads_q,
-                ") must be divisible by the number of key/value heads (", s.heads_kv, ")");
+    TORCH_CHECK(s.heads_q % s.heads_kv == 0, op, ": the number of query heads (", str_of(s.heads_q),
+                ") must be divisible by the number of key/value heads (", str_of(s.heads_kv), ")");
   }
   return s;
 }
@@ -90,8 +106,8 @@ AttentionShape check_backward_inputs(const at::Tensor& dout, const at::Tensor& q
               " but q is on ", q.device());
   TORCH_CHECK(softmax_lse.dim() == 3 && softmax_lse.size(0) == s.batch &&
                   softmax_lse.size(1) == s.heads_q && softmax_lse.size(2) == s.seqlen_q,
-              op, ": softmax_lse must have shape (batch, heads_q, seqlen_q) = [", s.batch, ", ",
-              s.heads_q, ", ", s.seqlen_q, "], got ", shape_of(softmax_lse));
+              op, ": softmax_lse must have shape (batch, heads_q, seqlen_q) = ",
+              str_of(c10::IntArrayRef({s.batch, s.heads_q, s.seqlen_q})), ", got ", shape_of(softmax_lse));
   return s;
 }
 
@@ -101,7 +117,7 @@ float resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_di
   }
   // The kernels take each row's max of the raw scores as the max of the scaled ones: scale > 0.
   TORCH_CHECK(std::isfinite(*softmax_scale) && *softmax_scale > 0,
-              "fa: softmax_scale must be a positive finite number, got ", *softmax_scale);
+              "fa: softmax_scale must be a positive finite number, got ", str_of(*softmax_scale));
   return static_cast<float>(*softmax_scale);
 }
 

@@ -2,10 +2,20 @@
 #pragma once
 
 #include <optional>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 
 namespace fa::torch_binding {
+
+// Numbers in error messages are formatted with snprintf, never inserted into a std::ostream here.
+// iostream's numeric insertion is inline template code that gets compiled into this library, and a
+// GCC 13 toolchain that links newer libstdc++ pieces statically (seen on the H100 image) makes it
+// crash in the locale facets once loaded into torch's process. Strings, and c10's own printers,
+// which live in libc10, are safe.
+std::string str_of(int64_t value);
+std::string str_of(double value);
+std::string str_of(c10::IntArrayRef values);  // "[2, 16, 64]"
 
 struct AttentionShape {
   int64_t batch = 0;

@@ -1,7 +1,6 @@
 // The CUDA implementations of the fa ops: argument checks, output allocation, the choice of a
 // kernel (family, dtype, head dim, causal) for the device, and the launch on the current stream.
 #include <cstdint>
-#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -62,10 +61,10 @@ int kernel_head_dim(int64_t head_dim, const char* op) {
     if (d >= head_dim && (best == 0 || d < best)) best = d;
   }
   if (best == 0) {
-    std::ostringstream built;
-    for (int d : build_config::kHeadDims) built << " " << d;
-    TORCH_CHECK(false, op, ": head_dim ", head_dim, " needs a kernel for a head dim >= ", head_dim,
-                "; this build has head dims", built.str(), " (FA_HEAD_DIMS)");
+    std::string built;
+    for (int d : build_config::kHeadDims) built += " " + str_of(int64_t(d));
+    TORCH_CHECK(false, op, ": head_dim ", str_of(head_dim), " needs a kernel for a head dim >= ",
+                str_of(head_dim), "; this build has head dims", built, " (FA_HEAD_DIMS)");
   }
   return best;
 }
@@ -90,7 +89,7 @@ cudaError_t dispatch(at::ScalarType dtype, int head_dim, bool causal, const char
       FA_HEAD_DIM_CASE(256)
 #undef FA_HEAD_DIM_CASE
     }
-    TORCH_CHECK(false, op, ": no kernel for head dim ", head_dim);
+    TORCH_CHECK(false, op, ": no kernel for head dim ", str_of(int64_t(head_dim)));
   };
   if constexpr (build_config::kFloat16) {
     if (dtype == at::kHalf) return with_head_dim(Float16{});
@@ -102,8 +101,9 @@ cudaError_t dispatch(at::ScalarType dtype, int head_dim, bool causal, const char
 }
 
 void check_grid_limits(const AttentionShape& s, const char* op) {
-  TORCH_CHECK(s.heads_q <= kMaxGridYZ && s.batch <= kMaxGridYZ, op, ": at most ", kMaxGridYZ,
-              " heads and batch entries are supported, got heads ", s.heads_q, ", batch ", s.batch);
+  TORCH_CHECK(s.heads_q <= kMaxGridYZ && s.batch <= kMaxGridYZ, op, ": at most ", str_of(kMaxGridYZ),
+              " heads and batch entries are supported, got heads ", str_of(s.heads_q), ", batch ",
+              str_of(s.batch));
   TORCH_CHECK(s.seqlen_q < (int64_t(1) << 31) && s.seqlen_k < (int64_t(1) << 31), op,
               ": sequence lengths must be below 2^31");
 }
