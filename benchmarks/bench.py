@@ -172,7 +172,9 @@ def run_case(case: Case, impl: str, fn: Callable, inputs) -> Tuple[float, float,
             ms = time_ms(call)
         return ms, extra / 2**20, result.detach()
     out = fn(q, k, v, case.causal)
-    dout = torch.randn_like(out)
+    # The same upstream gradient for every implementation, so their gradients are comparable.
+    dout = torch.randn(out.shape, device=out.device, dtype=out.dtype,
+                       generator=torch.Generator(device=out.device).manual_seed(1))
     call = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()

@@ -22,12 +22,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 NVTX_RANGE = "fa"
 
-# Nsight Compute metrics of the summary: (label, metric, format)
+# Nsight Compute metrics of the summary: (label, metric or alternatives, format). Values arrive
+# in canonical units (see CANONICAL): durations in seconds, sizes in bytes.
 SUMMARY_METRICS = [
-    ("duration ms", "gpu__time_duration.sum", lambda v: f"{v / 1e6:.3f}"),
+    ("duration ms", "gpu__time_duration.sum", lambda v: f"{v * 1e3:.3f}"),
     ("SM throughput %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", lambda v: f"{v:.1f}"),
     ("tensor pipe %", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", lambda v: f"{v:.1f}"),
-    ("DRAM throughput %", "dram__throughput.avg.pct_of_peak_sustained_elapsed", lambda v: f"{v:.1f}"),
+    ("DRAM throughput %", ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                           "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"), lambda v: f"{v:.1f}"),
     ("registers/thread", "launch__registers_per_thread", lambda v: f"{v:.0f}"),
     ("smem/block KB", "launch__shared_mem_per_block_dynamic", lambda v: f"{v / 1024:.0f}"),
     ("achieved occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", lambda v: f"{v:.1f}"),
@@ -37,6 +39,9 @@ SUMMARY_METRICS = [
     ("smem st bank conflicts", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", lambda v: f"{v:.0f}"),
 ]
 STALL_METRIC = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+# ncu's raw page states each metric's unit in its second row; scale to seconds and bytes.
+CANONICAL = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
+             "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KiB": 1024.0, "MiB": 2.0**20}
 
 
 def parse_shape(text):
@@ -89,21 +94,35 @@ def worker(args) -> int:
     return 0
 
 
+def parse_raw_csv(text):
+    """ncu --csv --page raw output -> one dict per kernel launch, numbers in canonical units."""
+    rows = list(csv.reader(io.StringIO(text[text.index('"ID"'):] if '"ID"' in text else text)))
+    header, units, data = rows[0], rows[1], rows[2:]
+    launches = []
+    for row in data:
+        if not row:
+            continue
+        launch = {}
+        for name, unit, value in zip(header, units, row):
+            try:
+                launch[name] = float(value.replace(",", "")) * CANONICAL.get(unit, 1.0)
+            except ValueError:
+                launch[name] = value
+        launches.append(launch)
+    return launches
+
+
 def read_report(ncu, report: Path):
-    """The report's raw metrics, one dict per kernel launch."""
     text = subprocess.run([ncu, "--import", str(report), "--csv", "--page", "raw"], check=True,
                           capture_output=True, text=True).stdout
-    rows = list(csv.reader(io.StringIO(text[text.index('"ID"'):] if '"ID"' in text else text)))
-    header, data = rows[0], rows[2:]  # row 1 holds the units
-    return [dict(zip(header, row)) for row in data if row]
+    return parse_raw_csv(text)
 
 
 def number(row, metric):
-    value = row.get(metric, "").replace(",", "")
-    try:
-        return float(value)
-    except ValueError:
-        return None
+    for name in (metric,) if isinstance(metric, str) else metric:
+        if isinstance(row.get(name), float):
+            return row[name]
+    return None
 
 
 def summarize(rows, flops):
@@ -115,12 +134,12 @@ def summarize(rows, flops):
         lines.append(f"  {name[:160]}")
         duration = number(row, "gpu__time_duration.sum")
         if duration and ("forward_kernel" in name or "backward_kernel" in name):
-            lines.append(f"  {'achieved TFLOP/s':24s} {flops / (duration * 1e-9) / 1e12:.0f}")
+            lines.append(f"  {'achieved TFLOP/s':24s} {flops / duration / 1e12:.0f}")
         for label, metric, fmt in SUMMARY_METRICS:
             value = number(row, metric)
             lines.append(f"  {label:24s} {fmt(value) if value is not None else 'n/a'}")
-        stalls = sorted(((number(row, m) or 0.0, STALL_METRIC.match(m).group(1)) for m in row if STALL_METRIC.match(m)),
-                        reverse=True)
+        stalls = sorted(((number(row, m) or 0.0, STALL_METRIC.match(m).group(1)) for m in row
+                         if STALL_METRIC.match(m)), reverse=True)
         if stalls:
             lines.append(f"  {'top stalls (cycles/issue)':24s} " +
                          ", ".join(f"{reason} {value:.2f}" for value, reason in stalls[:5]))

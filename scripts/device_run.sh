@@ -8,6 +8,7 @@
 #   --prebuilt   use the package staged in .carry/fa by scripts/stage_prebuilt.sh (built on a
 #                machine without a GPU against the same torch; saves compile time here)
 #   --install    pip install --no-build-isolation . (the users' path); nvidia-cutlass comes from .whl/
+#   --install-args "…"  extra pip arguments, e.g. "-C cmake.define.FA_HEAD_DIMS=128"
 #   --tests "…"  pytest arguments (default: the whole suite); "skip" to skip
 #   --bench "…"  benchmarks/bench.py arguments (default: the default suite); "skip" to skip
 #   --sanitize   compute-sanitizer memcheck and racecheck on a small odd-length case
@@ -18,11 +19,12 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/fa-out}
 mkdir -p "$OUT"
-mode=prebuilt tests="" bench="" sanitize=0 sass=0 sweep="" profile="" gdb=""
+mode=prebuilt install_args="" tests="" bench="" sanitize=0 sass=0 sweep="" profile="" gdb=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) mode=prebuilt ;;
     --install) mode=install ;;
+    --install-args) install_args="$2"; shift ;;
     --tests) tests="$2"; shift ;;
     --bench) bench="$2"; shift ;;
     --sanitize) sanitize=1 ;;
@@ -46,7 +48,8 @@ step environment
 if [ "$mode" = install ]; then
   step "pip install (nvidia-cutlass from .whl/, then fa)"
   python3 -m pip install -q --no-index --no-deps .whl/nvidia_cutlass-*.whl > "$OUT/install.log" 2>&1
-  /usr/bin/time -f "build wall %e s" python3 -m pip install --no-build-isolation --no-deps -v . \
+  # shellcheck disable=SC2086
+  /usr/bin/time -f "build wall %e s" python3 -m pip install --no-build-isolation --no-deps -v . ${install_args} \
     >> "$OUT/install.log" 2>&1 || { echo "install failed"; tail -50 "$OUT/install.log"; exit 1; }
   grep -E "build wall|fa:" "$OUT/install.log"
 else

@@ -84,18 +84,20 @@ def test_bench_without_gpu_runs_cpu_demo(capsys):
     assert "No CUDA GPU" in capsys.readouterr().out
 
 
-def test_profile_summary_from_report_rows():
+def test_profile_summary_from_raw_csv():
     flops = fa_profile.case_flops((4, 64, 8192, 128), False, "fwd")
     assert flops == 4 * 4 * 64 * 8192 * 8192 * 128
-    row = {
-        "Kernel Name": "void fa::sm80::forward_kernel<...>(fa::ForwardParams)",
-        "gpu__time_duration.sum": "26,000,000",
-        "launch__registers_per_thread": "255",
-        "smsp__sass_inst_executed_op_local_ld.sum": "0",
-        "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": "0.5",
-        "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio": "1.5",
-    }
-    text = fa_profile.summarize([row], flops)
+    names = ["ID", "Kernel Name", "gpu__time_duration.sum", "launch__registers_per_thread",
+             "launch__shared_mem_per_block_dynamic", "smsp__sass_inst_executed_op_local_ld.sum",
+             "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+             "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio"]
+    units = ["", "", "msecond", "register/thread", "Kbyte", "inst", "", ""]
+    row = ["0", "void fa::sm80::forward_kernel<...>(fa::ForwardParams)", "26.00", "255", "49.15", "0", "0.5", "1.5"]
+    text = "==PROF== noise\n" + "\n".join(",".join(f'"{c}"' for c in r) for r in (names, units, row))
+    launches = fa_profile.parse_raw_csv(text)
+    assert launches[0]["gpu__time_duration.sum"] == pytest.approx(0.026)
+    text = fa_profile.summarize(launches, flops)
     assert "achieved TFLOP/s         338" in text  # 8.8 TFLOP in 26 ms
+    assert "duration ms              26.000" in text and "smem/block KB            48" in text
     assert "registers/thread         255" in text and "tensor pipe %            n/a" in text
     assert "math_pipe_throttle 1.50, barrier 0.50" in text
