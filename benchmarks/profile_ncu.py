@@ -31,7 +31,7 @@ SUMMARY_METRICS = [
     ("DRAM throughput %", ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
                            "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"), lambda v: f"{v:.1f}"),
     ("registers/thread", "launch__registers_per_thread", lambda v: f"{v:.0f}"),
-    ("smem/block KB", "launch__shared_mem_per_block_dynamic", lambda v: f"{v / 1024:.0f}"),
+    ("smem/block", "launch__shared_mem_per_block_dynamic", None),  # raw value and ncu's unit
     ("achieved occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", lambda v: f"{v:.1f}"),
     ("local loads (spills)", "smsp__sass_inst_executed_op_local_ld.sum", lambda v: f"{v:.0f}"),
     ("local stores (spills)", "smsp__sass_inst_executed_op_local_st.sum", lambda v: f"{v:.0f}"),
@@ -41,7 +41,9 @@ SUMMARY_METRICS = [
 STALL_METRIC = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 # ncu's raw page states each metric's unit in its second row; scale to seconds and bytes.
 CANONICAL = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
-             "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KiB": 1024.0, "MiB": 2.0**20}
+             "ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0,
+             "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9,
+             "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 1024.0, "MiB": 2.0**20}
 
 
 def parse_shape(text):
@@ -95,15 +97,17 @@ def worker(args) -> int:
 
 
 def parse_raw_csv(text):
-    """ncu --csv --page raw output -> one dict per kernel launch, numbers in canonical units."""
+    """ncu --csv --page raw output -> one dict per kernel launch, numbers in canonical units where
+    the unit is known; launch["raw"] keeps each metric's value and unit as ncu printed them."""
     rows = list(csv.reader(io.StringIO(text[text.index('"ID"'):] if '"ID"' in text else text)))
     header, units, data = rows[0], rows[1], rows[2:]
     launches = []
     for row in data:
         if not row:
             continue
-        launch = {}
+        launch = {"raw": {}}
         for name, unit, value in zip(header, units, row):
+            launch["raw"][name] = f"{value} {unit}".strip()
             try:
                 launch[name] = float(value.replace(",", "")) * CANONICAL.get(unit, 1.0)
             except ValueError:
@@ -137,9 +141,13 @@ def summarize(rows, flops):
             lines.append(f"  {'achieved TFLOP/s':24s} {flops / duration / 1e12:.0f}")
         for label, metric, fmt in SUMMARY_METRICS:
             value = number(row, metric)
-            lines.append(f"  {label:24s} {fmt(value) if value is not None else 'n/a'}")
+            if fmt is None:
+                text = row.get("raw", {}).get(metric, "n/a")
+            else:
+                text = fmt(value) if value is not None else "n/a"
+            lines.append(f"  {label:24s} {text}")
         stalls = sorted(((number(row, m) or 0.0, STALL_METRIC.match(m).group(1)) for m in row
-                         if STALL_METRIC.match(m)), reverse=True)
+                         if m != "raw" and STALL_METRIC.match(m)), reverse=True)
         if stalls:
             lines.append(f"  {'top stalls (cycles/issue)':24s} " +
                          ", ".join(f"{reason} {value:.2f}" for value, reason in stalls[:5]))

@@ -98,6 +98,10 @@ def test_profile_summary_from_raw_csv():
     assert launches[0]["gpu__time_duration.sum"] == pytest.approx(0.026)
     text = fa_profile.summarize(launches, flops)
     assert "achieved TFLOP/s         338" in text  # 8.8 TFLOP in 26 ms
-    assert "duration ms              26.000" in text and "smem/block KB            48" in text
+    assert "duration ms              26.000" in text and "smem/block               49.15 Kbyte" in text
     assert "registers/thread         255" in text and "tensor pipe %            n/a" in text
     assert "math_pipe_throttle 1.50, barrier 0.50" in text
+    # Both spellings of the units occur in ncu's raw page.
+    short = "\n".join(",".join(f'"{c}"' for c in r) for r in (names, ["", "", "ms", "", "KB", "", "", ""], row))
+    assert fa_profile.parse_raw_csv(short)[0]["gpu__time_duration.sum"] == pytest.approx(0.026)
+    assert fa_profile.parse_raw_csv(short)[0]["launch__shared_mem_per_block_dynamic"] == pytest.approx(49150)
