@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -369,6 +370,7 @@ def environment() -> dict:
                                         cwd=Path(__file__).resolve().parent).stdout.strip() or None
     except OSError:
         meta["commit"] = None
+    meta["commit"] = meta["commit"] or os.environ.get("FA_COMMIT")  # a copy without .git
     if torch.cuda.is_available():
         meta["gpu"] = torch.cuda.get_device_name()
         meta["cudnn"] = torch.backends.cudnn.version()

@@ -73,19 +73,25 @@ def case_flops(shape, causal, mode):
 
 
 def worker(args) -> int:
-    """Runs inside ncu: warm up, then the measured calls inside the NVTX range."""
+    """Runs inside ncu: warm up, then the measured calls inside the NVTX range.
+
+    The backward is called as the op itself rather than through out.backward(): autograd runs
+    backward kernels on its own thread, outside the (per-thread) NVTX range.
+    """
     import torch
 
     import fa
 
     dtype = getattr(torch, args.dtype)
-    q, k, v = (torch.randn(args.shape, device="cuda", dtype=dtype, requires_grad=args.mode == "bwd")
-               for _ in range(3))
+    q, k, v = (torch.randn(args.shape, device="cuda", dtype=dtype) for _ in range(3))
+    out, lse = torch.ops.fa.forward(q, k, v, None, args.causal)
+    dout = torch.randn_like(out)
 
     def run():
-        out = fa.attention(q, k, v, causal=args.causal)
-        if args.mode == "bwd":
-            out.backward(torch.ones_like(out))
+        if args.mode == "fwd":
+            fa.attention(q, k, v, causal=args.causal)
+        else:
+            torch.ops.fa.backward(dout, q, k, v, out, lse, None, args.causal)
 
     run()
     torch.cuda.synchronize()

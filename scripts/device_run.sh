@@ -3,7 +3,8 @@
 # the logs under $OUT. Used through the workplace's device tool; any CUDA machine with
 # python3 + torch + pytest works the same way.
 #
-#   scripts/device_run.sh [--prebuilt | --install] [--tests ARGS] [--bench ARGS] [--sanitize] [--sass]
+#   FA_COMMIT=$(git rev-parse --short HEAD) scripts/device_run.sh [--prebuilt | --install] [--tests ARGS] …
+#   (FA_COMMIT labels the benchmark's results when the copy on the GPU machine has no .git)
 #
 #   --prebuilt   use the package staged in .carry/fa by scripts/stage_prebuilt.sh (built on a
 #                machine without a GPU against the same torch; saves compile time here)

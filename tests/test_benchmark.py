@@ -105,3 +105,14 @@ def test_profile_summary_from_raw_csv():
     short = "\n".join(",".join(f'"{c}"' for c in r) for r in (names, ["", "", "ms", "", "KB", "", "", ""], row))
     assert fa_profile.parse_raw_csv(short)[0]["gpu__time_duration.sum"] == pytest.approx(0.026)
     assert fa_profile.parse_raw_csv(short)[0]["launch__shared_mem_per_block_dynamic"] == pytest.approx(49150)
+
+
+def test_sweep_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    results = []
+    for impl, base in (("fa", 300.0), ("cudnn", 500.0)):
+        for s in bench.SWEEP_SEQLENS[:3]:
+            case = bench.Case(bench.SWEEP_TOKENS // s, 16, s, 128, False, "fwd")
+            results.append(bench.Result(case, impl, ms=1.0, tflops=base + s / 100))
+    path = bench.plot_sweep(results, tmp_path / "sweep.png")
+    assert path.exists() and path.stat().st_size > 1000
