@@ -11,9 +11,6 @@ for causal in (False, True):
         k = torch.randn(1, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=True)
         v = torch.randn(1, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=True)
         out = fa.attention(q, k, v, causal=causal)
-        try:
-            out.backward(torch.randn_like(out))
-        except RuntimeError as err:  # a build without backward kernels still checks the forward
-            print("backward:", str(err).splitlines()[0])
+        out.backward(torch.randn_like(out))
 torch.cuda.synchronize()
 print("sanitize case done")

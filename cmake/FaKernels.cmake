@@ -30,7 +30,7 @@ set(FA_GENERATED_DIR "${CMAKE_CURRENT_BINARY_DIR}/generated")
 # ${FA_GENERATED_DIR}/fa/build_config.h, which tells the binding what the library holds.
 function(fa_add_kernel_library target)
   set(_sources "")
-  foreach(_flag SM80_FWD SM80_BWD FP16 BF16)
+  foreach(_flag SM80_BWD FP16 BF16)
     set(FA_CFG_${_flag} false)
   endforeach()
   foreach(_row IN LISTS FA_KERNEL_TABLE)

@@ -3,10 +3,6 @@ import torch
 
 from helpers import cuda_kernels_available
 
-_DEVICES = ["cpu"]
-if cuda_kernels_available():
-    _DEVICES.append("cuda")
-
 
 def pytest_generate_tests(metafunc):
     # Every test that takes `device` runs on the CPU path and, when a GPU and the kernels are

@@ -30,37 +30,19 @@ struct BackwardConfig {
   // Q, dO (kBlockM × D), K, V (kBlockN × D), and P, dS (kBlockM × kBlockN): the forward's
   // swizzled row atoms. Each is also read transposed (ldmatrix.trans) by one of the GEMMs.
   using SmemQ = SmemTileShape<Element, kHeadDim>;
-  using SmemLayoutQ = decltype(cute::tile_to_shape(
-      typename SmemQ::Atom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
-  using SmemLayoutQt = decltype(cute::composition(
-      SmemLayoutQ{},
-      cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>>{}, cute::GenRowMajor{})));
-  using SmemLayoutKV = decltype(cute::tile_to_shape(
-      typename SmemQ::Atom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
-  using SmemLayoutKVt = decltype(cute::composition(
-      SmemLayoutKV{},
-      cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::GenRowMajor{})));
-  using SmemP = SmemTileShape<Element, kBlockN>;
-  using SmemLayoutPdS = decltype(cute::tile_to_shape(
-      typename SmemP::Atom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
-  using SmemLayoutPdSt = decltype(cute::composition(
-      SmemLayoutPdS{},
-      cute::make_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>{}, cute::GenRowMajor{})));
+  using SmemLayoutQ = typename SmemQ::template TileLayout<kBlockM>;
+  using SmemLayoutQt = TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;
+  using SmemLayoutKV = typename SmemQ::template TileLayout<kBlockN>;
+  using SmemLayoutKVt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;
+  using SmemLayoutPdS = typename SmemTileShape<Element, kBlockN>::template TileLayout<kBlockM>;
+  using SmemLayoutPdSt = TransposedLayout<SmemLayoutPdS, kBlockM, kBlockN>;
 
   using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
   using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
   using SmemCopyAtomStore = cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
 
-  using GmemThreadLayout =
-      cute::Layout<cute::Shape<cute::Int<kThreads / SmemQ::kThreadsPerRow>, cute::Int<SmemQ::kThreadsPerRow>>,
-                   cute::Stride<cute::Int<SmemQ::kThreadsPerRow>, cute::_1>>;
-  using GmemVectorLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<SmemQ::kElemsPerVector>>>;
-  using GmemCopyLoad = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
-      GmemThreadLayout{}, GmemVectorLayout{}));
-  using GmemCopyStore = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>{},
-      GmemThreadLayout{}, GmemVectorLayout{}));
+  using GmemCopyLoad = typename GmemTileCopy<Element, kHeadDim, kThreads>::Load;
+  using GmemCopyStore = typename GmemTileCopy<Element, kHeadDim, kThreads>::Store;
 
   static constexpr int kQStages = 2;  // the next Q tile loads while this one is in use
   static constexpr int kSmemQ = int(cute::cosize(SmemLayoutQ{}));

@@ -25,22 +25,51 @@ using Sm80TiledMma = cute::TiledMMA<
                             cute::Stride<cute::_1, cute::_16, cute::_8>>,
                cute::_16>>;
 
-// Shared-memory tiles of (rows × head_dim) elements, stored as 8-row × kRowChunk-column atoms. A
-// 128-byte atom row spans all 32 banks; the XOR swizzle on 16-byte units makes the 8 rows an
-// ldmatrix reads (one 16-byte column unit of each) and the 8 consecutive threads of a cp.async
-// row hit 8 different bank groups.
-template <class Element, int kHeadDim>
+// Shared-memory tiles kCols elements wide, stored as 8-row × kRowChunk-column atoms. A 128-byte
+// atom row spans all 32 banks; the XOR swizzle on 16-byte units makes the 8 rows an ldmatrix reads
+// (one 16-byte column unit of each) and the 8 consecutive threads of a cp.async row hit 8
+// different bank groups.
+template <class Element, int kCols>
 struct SmemTileShape {
-  static constexpr int kRowChunk = kHeadDim % 64 == 0 ? 64 : 32;  // elements per atom row
-  static constexpr int kSwizzleBits = kRowChunk == 64 ? 3 : 2;    // 8 or 4 16-byte units per row
+  static constexpr int kRowChunk = kCols % 64 == 0 ? 64 : 32;  // elements per atom row
+  static constexpr int kSwizzleBits = kRowChunk == 64 ? 3 : 2;  // 8 or 4 16-byte units per row
   using Atom = decltype(cute::composition(
       cute::Swizzle<kSwizzleBits, 3, 3>{},
       cute::Layout<cute::Shape<cute::_8, cute::Int<kRowChunk>>,
                    cute::Stride<cute::Int<kRowChunk>, cute::_1>>{}));
+  // A (kRows × kCols) tile of these atoms.
+  template <int kRows>
+  using TileLayout =
+      decltype(cute::tile_to_shape(Atom{}, cute::Shape<cute::Int<kRows>, cute::Int<kCols>>{}));
 
   // Global <-> shared copies: 16 bytes (8 elements) a thread, kRowChunk / 8 threads along a row.
   static constexpr int kElemsPerVector = 8;
   static constexpr int kThreadsPerRow = kRowChunk / kElemsPerVector;
+};
+
+// The same bytes seen transposed: a (kCols × kRows) view of a (kRows × kCols) layout, for the GEMM
+// operands read with ldmatrix.trans.
+template <class RowMajorLayout, int kRows, int kCols>
+using TransposedLayout = decltype(cute::composition(
+    RowMajorLayout{},
+    cute::make_layout(cute::Shape<cute::Int<kCols>, cute::Int<kRows>>{}, cute::GenRowMajor{})));
+
+// Global <-> shared copies of SmemTileShape<Element, kCols> tiles by kThreads threads, 16 bytes a
+// thread. Load: cp.async cached in L2 only (.cg), as each tile is read once per CTA. Store: 16-byte
+// vector writes.
+template <class Element, int kCols, int kThreads>
+struct GmemTileCopy {
+  using Smem = SmemTileShape<Element, kCols>;
+  using ThreadLayout =
+      cute::Layout<cute::Shape<cute::Int<kThreads / Smem::kThreadsPerRow>, cute::Int<Smem::kThreadsPerRow>>,
+                   cute::Stride<cute::Int<Smem::kThreadsPerRow>, cute::_1>>;
+  using VectorLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<Smem::kElemsPerVector>>>;
+  using Load = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{}, ThreadLayout{},
+      VectorLayout{}));
+  using Store = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>{}, ThreadLayout{},
+      VectorLayout{}));
 };
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
@@ -58,32 +87,18 @@ struct ForwardConfig {
   using TiledMma = Sm80TiledMma<Element, kWarps, 1>;
 
   using Smem = SmemTileShape<Element, kHeadDim>;
-  using SmemLayoutQ = decltype(cute::tile_to_shape(
-      typename Smem::Atom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
-  using SmemLayoutKV = decltype(cute::tile_to_shape(
-      typename Smem::Atom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
-  // O += P V needs V as the (head_dim × keys) B operand: the same bytes seen transposed, read with
-  // ldmatrix.trans.
-  using SmemLayoutVt = decltype(cute::composition(
-      SmemLayoutKV{},
-      cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::GenRowMajor{})));
+  using SmemLayoutQ = typename Smem::template TileLayout<kBlockM>;
+  using SmemLayoutKV = typename Smem::template TileLayout<kBlockN>;
+  // O += P V needs V as the (head_dim × keys) B operand.
+  using SmemLayoutVt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;
   using SmemLayoutO = SmemLayoutQ;  // the output tile is staged where Q was
 
   using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;            // Q, K
   using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;  // V
   using SmemCopyAtomO = cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
 
-  using GmemThreadLayout =
-      cute::Layout<cute::Shape<cute::Int<kThreads / Smem::kThreadsPerRow>, cute::Int<Smem::kThreadsPerRow>>,
-                   cute::Stride<cute::Int<Smem::kThreadsPerRow>, cute::_1>>;
-  using GmemVectorLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<Smem::kElemsPerVector>>>;
-  // Q, K, V: each tile is read once per CTA, so cache in L2 only (.cg).
-  using GmemCopyQKV = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
-      GmemThreadLayout{}, GmemVectorLayout{}));
-  using GmemCopyO = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>{},
-      GmemThreadLayout{}, GmemVectorLayout{}));
+  using GmemCopyQKV = typename GmemTileCopy<Element, kHeadDim, kThreads>::Load;
+  using GmemCopyO = typename GmemTileCopy<Element, kHeadDim, kThreads>::Store;
 
   static constexpr int kSmemBytes =
       int(cute::cosize(SmemLayoutQ{}) + 2 * cute::cosize(SmemLayoutKV{})) * int(sizeof(Element));

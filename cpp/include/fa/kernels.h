@@ -10,9 +10,6 @@
 
 namespace fa {
 
-// Head dims that have kernels; any D that is a multiple of 8 runs on the smallest one >= D.
-inline constexpr int kKernelHeadDims[] = {32, 64, 96, 128, 256};
-
 namespace sm80 {
 
 // Ampere family (mma.sync, cp.async, ldmatrix): sm80 and newer.
