@@ -2,12 +2,15 @@
 
     python benchmarks/profile_ncu.py                                  # (4, 64, 8192, 128) fp16 forward
     python benchmarks/profile_ncu.py --shape 2,64,4096,128 --causal --mode bwd
+    python benchmarks/profile_ncu.py --mode bwd --impl flash        # a peer's kernels, same metrics
     ncu-ui benchmarks/results/profile-fwd-4x64x8192x128.ncu-rep   # the full report, in the UI
 
-The fa calls run inside an NVTX range ("fa"), after a warm-up outside it, so ncu captures only
-those kernels (--nvtx --nvtx-include fa/), with --clock-control none (the card's own clocks, as
-the benchmark sees them) and the full metric set. Build with -C cmake.define.FA_LINEINFO=ON to
-map the report's source view onto the CuTe lines.
+The measured call runs between cudaProfilerStart and cudaProfilerStop, after a warm-up outside
+them, so ncu (--profile-from-start off) captures only its kernels, from whichever thread launches
+them (autograd runs backward kernels on its own thread). It runs with --clock-control none (the
+card's own clocks, as the benchmark sees them) and the full metric set. `--impl flash` or `cudnn`
+profiles SDPA's FlashAttention-2 or cuDNN kernels on the same case, for a side-by-side reading.
+Build with -C cmake.define.FA_LINEINFO=ON to map the report's source view onto the CuTe lines.
 """
 
 import argparse
@@ -20,7 +23,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NVTX_RANGE = "fa"
+NVTX_RANGE = "fa"  # labels the measured call in the report's NVTX view
+IMPLS = ("fa", "flash", "cudnn")
 
 # Nsight Compute metrics of the summary: (label, metric or alternatives, format). Values arrive
 # in canonical units (see CANONICAL): durations in seconds, sizes in bytes.
@@ -59,9 +63,13 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     p.add_argument("--causal", action="store_true")
     p.add_argument("--mode", choices=["fwd", "bwd"], default="fwd")
+    p.add_argument("--impl", choices=IMPLS, default="fa", help="fa, or an SDPA backend to compare with")
     p.add_argument("--out", type=Path, default=HERE / "results", help="folder of the .ncu-rep")
     p.add_argument("--ncu", default="ncu", help="the Nsight Compute CLI")
     p.add_argument("--set", default="full", help="ncu metric set")
+    p.add_argument("--source-top", type=int, default=0, metavar="N",
+                   help="also print the N SASS instructions with the most excess shared-memory wavefronts "
+                        "and the most stall samples (from ncu's source page)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -73,31 +81,50 @@ def case_flops(shape, causal, mode):
 
 
 def worker(args) -> int:
-    """Runs inside ncu: warm up, then the measured calls inside the NVTX range.
+    """Runs inside ncu: warm up, then the measured call between profiler start and stop.
 
-    The backward is called as the op itself rather than through out.backward(): autograd runs
-    backward kernels on its own thread, outside the (per-thread) NVTX range.
+    fa's backward is called as the op itself (its kernels only, not the autograd bookkeeping);
+    a peer's backward goes through autograd on a retained graph, so its forward is not rerun.
     """
     import torch
 
-    import fa
-
     dtype = getattr(torch, args.dtype)
     q, k, v = (torch.randn(args.shape, device="cuda", dtype=dtype) for _ in range(3))
-    out, lse = torch.ops.fa.forward(q, k, v, None, args.causal)
-    dout = torch.randn_like(out)
+    dout = torch.randn(args.shape, device="cuda", dtype=dtype)
+    if args.impl == "fa":
+        import fa
 
-    def run():
-        if args.mode == "fwd":
-            fa.attention(q, k, v, causal=args.causal)
-        else:
-            torch.ops.fa.backward(dout, q, k, v, out, lse, None, args.causal)
+        out, lse = torch.ops.fa.forward(q, k, v, None, args.causal)
+
+        def run():
+            if args.mode == "fwd":
+                fa.attention(q, k, v, causal=args.causal)
+            else:
+                torch.ops.fa.backward(dout, q, k, v, out, lse, None, args.causal)
+    else:
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[args.impl]
+        for t in (q, k, v):
+            t.requires_grad_(args.mode == "bwd")
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+
+        def run():
+            if args.mode == "fwd":
+                with torch.no_grad(), sdpa_kernel(backend):
+                    F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+            else:
+                out.backward(dout, retain_graph=True)
 
     run()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push(NVTX_RANGE)
+    torch.cuda.profiler.start()
     run()
     torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
     torch.cuda.nvtx.range_pop()
     return 0
 
@@ -135,6 +162,15 @@ def number(row, metric):
     return None
 
 
+def is_main_kernel(name):
+    """The attention kernel itself, as opposed to a pre- or post-pass: its time is the one the
+    FLOP count is divided by (fa's, FlashAttention-2's and cuDNN's kernel names)."""
+    if "convert" in name or "dot_do_o" in name or "preprocess" in name:
+        return False
+    return any(key in name for key in ("forward_kernel", "backward_kernel", "flash_fwd", "flash_bwd", "sdpa", "fprop",
+                                       "bprop"))
+
+
 def summarize(rows, flops):
     lines = []
     for row in rows:
@@ -143,7 +179,7 @@ def summarize(rows, flops):
         lines.append(f"\n{short}")
         lines.append(f"  {name[:160]}")
         duration = number(row, "gpu__time_duration.sum")
-        if duration and ("forward_kernel" in name or "backward_kernel" in name):
+        if duration and is_main_kernel(name):
             lines.append(f"  {'achieved TFLOP/s':24s} {flops / duration / 1e12:.0f}")
         for label, metric, fmt in SUMMARY_METRICS:
             value = number(row, metric)
@@ -160,6 +196,50 @@ def summarize(rows, flops):
     return "\n".join(lines)
 
 
+def source_hotspots(text, top):
+    """ncu --page source --csv --print-source sass output (one section per kernel, each opening
+    with a "Kernel Name" row and its own header) -> for the attention kernel(s), the instructions
+    with the most excess shared-memory wavefronts and the most warp-stall samples."""
+    rows = list(csv.reader(io.StringIO(text)))
+    starts = [i for i, r in enumerate(rows) if r and r[0] == "Kernel Name"] or [-1]
+    sections = []
+    for n, at in enumerate(starts):
+        name = rows[at][1] if at >= 0 and len(rows[at]) > 1 else "?"
+        body = rows[at + 1:starts[n + 1] if n + 1 < len(starts) else len(rows)]
+        sections.append((name, body))
+    main = [sec for sec in sections if is_main_kernel(sec[0])] or sections
+    lines = []
+    for name, body in main:
+        header_at = next((i for i, r in enumerate(body) if "Source" in r), None)
+        if header_at is None:
+            lines.append("source page: no header row with 'Source' in:\n" + "\n".join(text.splitlines()[:5]))
+            continue
+        header, data = body[header_at], body[header_at + 1:]
+        lines.append(f"\n{name[:150]}")
+        wanted = [("excess shared wavefronts", lambda c: "Shared" in c and "Excessive" in c),
+                  ("stall samples", lambda c: c.startswith("Warp Stall Sampling (All"))]
+        for label, match in wanted:
+            col = next((i for i, c in enumerate(header) if match(c)), None)
+            if col is None:
+                lines.append(f"  no '{label}' column")
+                continue
+            scored = []
+            for r in data:
+                try:
+                    scored.append((float(r[col].replace(",", "")), r))
+                except (ValueError, IndexError):
+                    continue
+            scored.sort(key=lambda x: -x[0])
+            total = sum(v for v, _ in scored) or 1.0
+            lines.append(f"top {top} SASS instructions by {label} ({header[col]}, total {total:.0f}):")
+            src = header.index("Source")
+            addr = header.index("Address") if "Address" in header else None
+            for value, r in scored[:top]:
+                where = r[addr] if addr is not None else ""
+                lines.append(f"  {value:12.0f} {100 * value / total:5.1f}%  {where[-6:]:>6s}  {r[src].strip()[:90]}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -169,18 +249,24 @@ def main(argv=None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     shape_tag = "x".join(map(str, args.shape))
-    report = args.out / f"profile-{args.mode}-{shape_tag}{'-causal' if args.causal else ''}.ncu-rep"
+    impl_tag = "" if args.impl == "fa" else f"{args.impl}-"
+    report = args.out / f"profile-{impl_tag}{args.mode}-{shape_tag}{'-causal' if args.causal else ''}.ncu-rep"
     worker_cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", ",".join(map(str, args.shape)),
-                  "--dtype", args.dtype, "--mode", args.mode] + (["--causal"] if args.causal else [])
-    cmd = [args.ncu, "--nvtx", "--nvtx-include", f"{NVTX_RANGE}/", "--clock-control", "none", "--set", args.set,
+                  "--dtype", args.dtype, "--mode", args.mode, "--impl", args.impl] + (["--causal"] if args.causal else [])
+    cmd = [args.ncu, "--profile-from-start", "off", "--nvtx", "--clock-control", "none", "--set", args.set,
            "--import-source", "yes", "--force-overwrite", "--export", str(report.with_suffix(""))] + worker_cmd
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     flops = case_flops(args.shape, args.causal, args.mode)
     print(f"\nreport: {report}  (open with: ncu-ui {report})")
-    print(f"case: {args.shape} {args.dtype} causal={args.causal} {args.mode}, "
+    print(f"case: {args.impl} {args.shape} {args.dtype} causal={args.causal} {args.mode}, "
           f"{flops / 1e12:.2f} TFLOP (4·B·H·S²·D{'/2' if args.causal else ''}{' x2.5' if args.mode == 'bwd' else ''})")
     print(summarize(read_report(args.ncu, report), flops))
+    if args.source_top:
+        text = subprocess.run([args.ncu, "--import", str(report), "--page", "source", "--csv", "--print-source", "sass"],
+                              capture_output=True, text=True).stdout
+        (args.out / (report.stem + "-source.csv")).write_text(text)
+        print(source_hotspots(text, args.source_top))
     return 0
 
 

@@ -5,7 +5,10 @@
 //   nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DNDEBUG --split-compile=0 \
 //     -gencode=arch=compute_90a,code=sm_90a -Icpp -Icpp/include -I<cutlass>/include \
 //     benchmarks/tile_sweep.cu -o tile_sweep
-//   ./tile_sweep B H S causal       (fp16; head dims 64, 128 and 256)
+//   ./tile_sweep B H S causal [D]   (fp16; head dims 64, 128 and 256, or only D)
+//
+// -DFA_SWEEP_FORWARD=0 or -DFA_SWEEP_BACKWARD=0 leaves a direction out, -DFA_SWEEP_HEAD_DIM=D
+// all head dims but D (shorter compiles).
 //
 // The first configuration of each list is the one that ships (the tests check it against a
 // float64 reference); every other one must reproduce its outputs, or its row says MISMATCH.
@@ -18,6 +21,16 @@
 
 #include "sm80/bwd_launch.h"
 #include "sm80/fwd_launch.h"
+
+#ifndef FA_SWEEP_FORWARD
+#define FA_SWEEP_FORWARD 1
+#endif
+#ifndef FA_SWEEP_BACKWARD
+#define FA_SWEEP_BACKWARD 1
+#endif
+#ifndef FA_SWEEP_HEAD_DIM
+#define FA_SWEEP_HEAD_DIM 0
+#endif
 
 namespace {
 
@@ -97,6 +110,20 @@ std::string name_of(const char* kind) {
   return buf;
 }
 
+// The backward's variants: warp layouts, dO stages and how dQ is reduced.
+template <class Config>
+std::string backward_name(bool causal) {
+  using fa::sm80::DqReduce;
+  char buf[128];
+  std::snprintf(buf, sizeof(buf), "%s (%d,%d,%d) dO%d %s", name_of<Config>(causal ? "bwd causal" : "bwd").c_str(),
+                Config::kWarpsMSdP, Config::kWarpsNdKV, Config::kWarpsMdQ, Config::kdOStages,
+                Config::kDqReduce == DqReduce::kBulk    ? "dQ bulk"
+                : Config::kDqReduce == DqReduce::kPairs ? "dQ pairs"
+                : Config::kDqReduce == DqReduce::kScalar ? "dQ scalar"
+                                                         : "no dQ (timing only)");
+  return buf;
+}
+
 template <class Kernel>
 void report(const std::string& name, float ms, double flops, Kernel kernel, double diff) {
   cudaFuncAttributes attr{};
@@ -128,16 +155,21 @@ void sweep_backward(fa::BackwardParams p, const Buffers& b, double flops, std::v
     grads.insert(grads.end(), g.begin(), g.end());
   }
   if (ref->empty()) *ref = grads;
-  report(name_of<Config>(kCausal ? "bwd causal" : "bwd"), ms, flops, fa::sm80::backward_kernel<Config, kCausal>,
-         relative_difference(grads, *ref));
+  // Without dQ only dK and dV can be compared.
+  const size_t compared = Config::kDqReduce == fa::sm80::DqReduce::kSkip ? size_t(b.q_elems) : 0;
+  report(backward_name<Config>(kCausal), ms, flops, fa::sm80::backward_kernel<Config, kCausal>,
+         relative_difference(std::vector<float>(grads.begin() + compared, grads.end()),
+                             std::vector<float>(ref->begin() + compared, ref->end())));
   if constexpr (sizeof...(Rest) > 0) sweep_backward<kCausal, Rest...>(p, b, flops, ref);
 }
 
 template <int D> using Fwd = fa::sm80::ForwardConfigFor<Element, D>;
 template <int D> using Bwd = fa::sm80::BackwardConfigFor<Element, D>;
 template <int D, int M, int N, int W> using FwdAlt = fa::sm80::ForwardConfig<Element, D, M, N, W>;
-template <int D, int M, int N, int W, int A, int B, int C>
-using BwdAlt = fa::sm80::BackwardConfig<Element, D, M, N, W, A, B, C>;
+template <int D, int M, int N, int W, int A, int B, int C, int kdOStages = 2,
+          fa::sm80::DqReduce kReduce = fa::sm80::DqReduce::kBulk>
+using BwdAlt = fa::sm80::BackwardConfig<Element, D, M, N, W, A, B, C, kdOStages, kReduce>;
+using fa::sm80::DqReduce;
 
 template <int D, bool kCausal>
 void run(int batch, int heads, int seqlen) {
@@ -167,23 +199,39 @@ void run(int batch, int heads, int seqlen) {
   const double flops = 4.0 * batch * heads * double(seqlen) * seqlen * D / (kCausal ? 2 : 1);
   std::printf("\n(B, H, S, D) = (%d, %d, %d, %d) fp16 causal=%d\n", batch, heads, seqlen, D, int(kCausal));
   std::vector<float> fwd_ref, bwd_ref;
+  // The backward reads the shipped forward's out and lse.
   if constexpr (D == 256) {
-    sweep_forward<kCausal, Fwd<256>, FwdAlt<256, 64, 64, 4>, FwdAlt<256, 128, 64, 8>>(p, b, flops, &fwd_ref);
+    if (FA_SWEEP_FORWARD) {
+      sweep_forward<kCausal, Fwd<256>, FwdAlt<256, 64, 32, 4>, FwdAlt<256, 128, 64, 8>>(p, b, flops, &fwd_ref);
+    }
     fa::sm80::launch_forward<Fwd<256>, kCausal>(p, nullptr);
-    sweep_backward<kCausal, Bwd<256>>(p, b, 2.5 * flops, &bwd_ref);
+    if (FA_SWEEP_BACKWARD) {
+      sweep_backward<kCausal, Bwd<256>, BwdAlt<256, 64, 64, 8, 4, 2, 2, 2, DqReduce::kPairs>>(p, b, 2.5 * flops,
+                                                                                             &bwd_ref);
+    }
   } else if constexpr (D == 128) {
-    sweep_forward<kCausal, Fwd<128>, FwdAlt<128, 128, 64, 4>, FwdAlt<128, 128, 64, 8>, FwdAlt<128, 128, 128, 8>,
-                  FwdAlt<128, 64, 64, 4>>(p, b, flops, &fwd_ref);
-    // The backward reads the shipped forward's out and lse.
+    if (FA_SWEEP_FORWARD) {
+      sweep_forward<kCausal, Fwd<128>, FwdAlt<128, 128, 64, 4>, FwdAlt<128, 128, 64, 8>, FwdAlt<128, 128, 128, 8>,
+                    FwdAlt<128, 64, 64, 4>>(p, b, flops, &fwd_ref);
+    }
     fa::sm80::launch_forward<Fwd<128>, kCausal>(p, nullptr);
-    sweep_backward<kCausal, Bwd<128>, BwdAlt<128, 64, 128, 8, 2, 4, 4>, BwdAlt<128, 64, 64, 4, 2, 2, 2>,
-                   BwdAlt<128, 128, 64, 8, 4, 2, 4>>(p, b, 2.5 * flops, &bwd_ref);
+    if (FA_SWEEP_BACKWARD) {
+      sweep_backward<kCausal, Bwd<128>, BwdAlt<128, 64, 128, 8, 2, 4, 2, 1>,
+                     BwdAlt<128, 64, 128, 8, 2, 4, 2, 2, DqReduce::kPairs>,
+                     BwdAlt<128, 64, 128, 8, 2, 4, 2, 2, DqReduce::kSkip>, BwdAlt<128, 64, 128, 8, 2, 4, 4>>(
+          p, b, 2.5 * flops, &bwd_ref);
+    }
   } else {
-    sweep_forward<kCausal, Fwd<64>, FwdAlt<64, 128, 128, 4>, FwdAlt<64, 128, 128, 8>, FwdAlt<64, 64, 128, 4>>(
-        p, b, flops, &fwd_ref);
+    if (FA_SWEEP_FORWARD) {
+      sweep_forward<kCausal, Fwd<64>, FwdAlt<64, 128, 128, 4>, FwdAlt<64, 128, 128, 8>, FwdAlt<64, 64, 128, 4>>(
+          p, b, flops, &fwd_ref);
+    }
     fa::sm80::launch_forward<Fwd<64>, kCausal>(p, nullptr);
-    sweep_backward<kCausal, Bwd<64>, BwdAlt<64, 64, 128, 8, 2, 4, 4>, BwdAlt<64, 128, 64, 8, 4, 2, 4>>(
-        p, b, 2.5 * flops, &bwd_ref);
+    if (FA_SWEEP_BACKWARD) {
+      sweep_backward<kCausal, Bwd<64>, BwdAlt<64, 128, 128, 8, 4, 4, 4, 1>,
+                     BwdAlt<64, 128, 128, 8, 4, 4, 4, 2, DqReduce::kPairs>,
+                     BwdAlt<64, 128, 128, 8, 4, 4, 4, 2, DqReduce::kSkip>>(p, b, 2.5 * flops, &bwd_ref);
+    }
   }
   for (void* ptr : {(void*)b.q, (void*)b.k, (void*)b.v, (void*)b.out, (void*)b.dout, (void*)b.dq, (void*)b.dk,
                     (void*)b.dv, (void*)b.lse, (void*)b.delta, (void*)b.dq_accum}) {
@@ -194,20 +242,24 @@ void run(int batch, int heads, int seqlen) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: %s B H S causal(0|1)   (fp16; head dims 64, 128 and 256)\n", argv[0]);
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: %s B H S causal(0|1) [D]   (fp16; head dims 64, 128 and 256, or only D)\n", argv[0]);
     return 2;
   }
   const int batch = std::atoi(argv[1]), heads = std::atoi(argv[2]), seqlen = std::atoi(argv[3]);
   const bool causal = std::atoi(argv[4]) != 0;
-  if (causal) {
-    run<128, true>(batch, heads, seqlen);
-    run<64, true>(batch, heads, seqlen);
-    run<256, true>(batch, heads, seqlen);
-  } else {
-    run<128, false>(batch, heads, seqlen);
-    run<64, false>(batch, heads, seqlen);
-    run<256, false>(batch, heads, seqlen);
+  const int only = argc == 6 ? std::atoi(argv[5]) : 0;
+  for (int d : {128, 64, 256}) {
+    if (only != 0 && d != only) continue;
+    if constexpr (FA_SWEEP_HEAD_DIM == 0 || FA_SWEEP_HEAD_DIM == 128) {
+      if (d == 128) causal ? run<128, true>(batch, heads, seqlen) : run<128, false>(batch, heads, seqlen);
+    }
+    if constexpr (FA_SWEEP_HEAD_DIM == 0 || FA_SWEEP_HEAD_DIM == 64) {
+      if (d == 64) causal ? run<64, true>(batch, heads, seqlen) : run<64, false>(batch, heads, seqlen);
+    }
+    if constexpr (FA_SWEEP_HEAD_DIM == 0 || FA_SWEEP_HEAD_DIM == 256) {
+      if (d == 256) causal ? run<256, true>(batch, heads, seqlen) : run<256, false>(batch, heads, seqlen);
+    }
   }
   return 0;
 }

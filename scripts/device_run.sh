@@ -14,8 +14,9 @@
 #   --bench "…"  benchmarks/bench.py arguments (default: the default suite); "skip" to skip
 #   --sanitize   compute-sanitizer memcheck and racecheck on a small odd-length case
 #   --sass       dump the SASS of the fa library and count matrix instructions and spills
-#   --sweep "…"  build benchmarks/tile_sweep.cu here and run it on each "B H S causal" case (';'-separated)
-#   --profile "…" benchmarks/profile_ncu.py arguments (Nsight Compute)
+#   --sweep "…"  run benchmarks/tile_sweep.cu on each "B H S causal [D]" case (';'-separated): the
+#                binary staged as .carry/tile_sweep if there is one (built without a GPU), else built here
+#   --profile "…" benchmarks/profile_ncu.py arguments (Nsight Compute); ';' separates several runs
 #   --gdb "…"    run pytest with these arguments under cuda-gdb and save the native backtrace
 set -uo pipefail
 OUT=${OUT:-/tmp/fa-out}
@@ -78,15 +79,21 @@ PY
 fi
 
 if [ -n "$sweep" ]; then
-  step "tile sweep: build"
-  cutlass=$(python3 -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__) + '/source/include')")
-  nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DNDEBUG --split-compile=0 \
-    -gencode=arch=compute_90a,code=sm_90a -Icpp -Icpp/include -I"$cutlass" benchmarks/tile_sweep.cu \
-    -o /tmp/tile_sweep > "$OUT/tile_sweep_build.log" 2>&1 || { tail -20 "$OUT/tile_sweep_build.log"; status=1; }
+  sweep_bin=/tmp/tile_sweep
+  if [ -x .carry/tile_sweep ]; then
+    sweep_bin=.carry/tile_sweep
+  else
+    step "tile sweep: build"
+    cutlass=$(python3 -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__) + '/source/include')")
+    nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DNDEBUG --split-compile=0 \
+      -gencode=arch=compute_90a,code=sm_90a -Icpp -Icpp/include -I"$cutlass" benchmarks/tile_sweep.cu \
+      -o /tmp/tile_sweep > "$OUT/tile_sweep_build.log" 2>&1 || { tail -20 "$OUT/tile_sweep_build.log"; status=1; }
+  fi
+  step "tile sweep ($sweep_bin)"
   IFS=';' read -ra cases <<< "$sweep"
   for c in "${cases[@]}"; do
     # shellcheck disable=SC2086
-    [ -x /tmp/tile_sweep ] && /tmp/tile_sweep $c 2>&1 | tee -a "$OUT/tile_sweep.txt"
+    [ -x "$sweep_bin" ] && "$sweep_bin" $c 2>&1 | tee -a "$OUT/tile_sweep.txt"
   done
 fi
 
@@ -122,9 +129,12 @@ if [ "$bench" != skip ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ -n "$profile" ]; then
-  step "profile ${profile}"
-  # shellcheck disable=SC2086
-  python3 benchmarks/profile_ncu.py --out "$OUT" ${profile} 2>&1 | tee "$OUT/profile.txt" | tail -60
+  IFS=';' read -ra runs <<< "$profile"
+  for r in "${runs[@]}"; do
+    step "profile ${r}"
+    # shellcheck disable=SC2086
+    python3 benchmarks/profile_ncu.py --out "$OUT" ${r} 2>&1 | tee -a "$OUT/profile.txt" | grep -v "^==PROF==" | tail -45
+  done
 fi
 step "done, status $status"
 exit $status

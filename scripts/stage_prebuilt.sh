@@ -4,7 +4,7 @@
 #   scripts/stage_prebuilt.sh build-gpu
 set -euo pipefail
 build=${1:?usage: stage_prebuilt.sh BUILD_DIR}
-rm -rf .carry && mkdir -p .carry
+rm -rf .carry/fa && mkdir -p .carry
 cp -r python/fa .carry/fa
 cp "$build/_C.so" "$build/_build_config.py" .carry/fa/
 du -sh .carry

@@ -107,6 +107,37 @@ def test_profile_summary_from_raw_csv():
     assert fa_profile.parse_raw_csv(short)[0]["launch__shared_mem_per_block_dynamic"] == pytest.approx(49150)
 
 
+def test_profile_names_the_attention_kernel():
+    # Achieved TFLOP/s is printed for the attention kernel, not for the pre- and post-passes.
+    assert fa_profile.is_main_kernel("void fa::sm80::backward_kernel<fa::sm80::BackwardConfig<...>, false>(...)")
+    assert fa_profile.is_main_kernel("void flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<...>>")
+    assert fa_profile.is_main_kernel("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>, ...>")
+    for name in ("void fa::backward_preprocess_kernel<cutlass::half_t, 128>(fa::BackwardParams)",
+                 "void fa::backward_convert_dq_kernel<cutlass::half_t, 128>(fa::BackwardParams)",
+                 "void flash_bwd_dot_do_o_kernel<true, Flash_bwd_kernel_traits<...>>",
+                 "void flash_bwd_convert_dq_kernel<Flash_bwd_kernel_traits<...>>"):
+        assert not fa_profile.is_main_kernel(name)
+    args = fa_profile.parse_args(["--mode", "bwd", "--impl", "flash"])
+    assert (args.mode, args.impl) == ("bwd", "flash")
+
+
+def test_profile_source_hotspots():
+    header = '"Address","Source","Warp Stall Sampling (All Samples)","L1 Wavefronts Shared Excessive"\n'
+    text = ('"Kernel Name","void fa::backward_preprocess_kernel<cutlass::half_t, 128>(fa::BackwardParams)",\n' + header +
+            '"0x10","LDG.E R4, [R2]","99","0"\n'
+            '"Kernel Name","void fa::sm80::backward_kernel<...>(fa::BackwardParams)",\n' + header +
+            '"0x10","LDSM.16.MT88.4 R4, [R2]","5","300"\n"0x20","HMMA.16816.F32 R4, R8, R12, R4","50","0"\n'
+            '"0x30","STS [R1], R2","45","100"\n')
+    lines = fa_profile.source_hotspots(text, 2).splitlines()
+    assert not any("preprocess" in x or "LDG" in x for x in lines)  # only the attention kernel
+    shared = lines.index(next(x for x in lines if "excess shared wavefronts" in x))
+    assert "total 400" in lines[shared] and "LDSM" in lines[shared + 1] and "75.0%" in lines[shared + 1]
+    assert "STS" in lines[shared + 2] and len([x for x in lines if "0x20" in x]) == 1  # top 2 only
+    stalls = lines.index(next(x for x in lines if "stall samples" in x))
+    assert "HMMA" in lines[stalls + 1] and "50.0%" in lines[stalls + 1]
+    assert "no header row" in fa_profile.source_hotspots("garbage", 3)
+
+
 def test_sweep_plot(tmp_path):
     pytest.importorskip("matplotlib")
     results = []

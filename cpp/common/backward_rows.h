@@ -5,6 +5,11 @@
 //   workspace that the main kernel accumulates into with atomics.
 // Post-pass: dQ = scale · workspace, converted to the input dtype and stored with q's strides.
 //
+// The workspace is (B, Hq, seqlen_q_rounded, kHeadDim) fp32, row-major, or with the 8-float
+// (32-byte) units of each row permuted (kSwizzle, dq_workspace_col): a main kernel that stages a dQ
+// tile in shared memory in that layout writes it without bank conflicts and adds it to global
+// memory as one linear block.
+//
 // Both give each row a power-of-two group of threads (so its sum reduces with shuffles inside the
 // group), each owning one 16-byte vector (8 elements) of it, and cover kRowsPerBlock rows of one
 // (batch, head) per CTA. Rows past seqlen_q (the workspace is padded to a multiple of
@@ -18,6 +23,22 @@
 #include "fa/params.h"
 
 namespace fa {
+
+// Where column col of workspace row row lies in that row. kSwizzle: its 32-byte unit XORed with
+// the row index, inside the largest aligned group of 8 (or 4, for a head dim's last 4 units)
+// units, so the 8 consecutive rows an mma.sync accumulator store covers fall on 8 different units.
+template <int kHeadDim, bool kSwizzle>
+__host__ __device__ __forceinline__ int dq_workspace_col(int row, int col) {
+  if constexpr (!kSwizzle) {
+    return col;
+  } else {
+    static_assert(kHeadDim % 32 == 0, "whole groups of 4 units");
+    constexpr int kUnits = kHeadDim / 8;
+    const int unit = col / 8;
+    const int mask = unit < (kUnits & ~7) ? 7 : 3;
+    return ((unit ^ (row & mask)) * 8) | (col % 8);
+  }
+}
 
 template <int kHeadDim>
 struct RowPassShape {
@@ -64,7 +85,7 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
   }
 }
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kSwizzle>
 __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
     backward_convert_dq_kernel(const __grid_constant__ BackwardParams p) {
   using Shape = RowPassShape<kHeadDim>;
@@ -79,8 +100,8 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
     const int row = blockIdx.x * Shape::kRowsPerBlock + pass * Shape::kRowsPerPass +
                     threadIdx.x / Shape::kThreadsPerRow;
     if (row >= p.seqlen_q) break;
-    cutlass::Array<float, Shape::kVector> values =
-        *reinterpret_cast<const cutlass::Array<float, Shape::kVector>*>(accum + int64_t(row) * p.head_dim_rounded + col);
+    cutlass::Array<float, Shape::kVector> values = *reinterpret_cast<const cutlass::Array<float, Shape::kVector>*>(
+        accum + int64_t(row) * p.head_dim_rounded + dq_workspace_col<kHeadDim, kSwizzle>(row, col));
     for (int i = 0; i < Shape::kVector; ++i) values[i] *= p.scale;
     *reinterpret_cast<cutlass::Array<Element, Shape::kVector>*>(dq + row * p.dq_stride.row + col) = convert(values);
   }

@@ -7,27 +7,36 @@
 //   S = Q Kᵀ,  P = exp(S·scale - lse)            (lse saved by the forward: P is never stored)
 //   dP = dO Vᵀ,  dS = P ∘ (dP - delta)           (delta = rowsum(dO ∘ O), from the pre-pass)
 // and accumulates dV += Pᵀ dO and dK += dSᵀ Q in registers; dQ += dS K goes to an fp32 workspace
-// with atomic adds (other CTAs add to the same rows), which the post-pass scales and converts.
+// that other CTAs (the other key tiles) add to as well, which the post-pass scales and converts.
+// On sm90 a step's dQ tile is staged in shared memory and added with one bulk reduction, issued by
+// one thread at the start of the next step (Config::kDqReduce; dq_reduce.h); otherwise with
+// per-element global reductions.
 //
 // Tile plan. kBlockM × kBlockN steps, three warp arrangements (bwd_config.h). P and dS go through
 // shared memory in fp16/bf16: the dK/dV GEMMs read them transposed with ldmatrix.trans, as they
 // read dO and Q; the dQ GEMM reads dS as it is and K transposed.
 //
-// Pipeline and synchronisation. Q is double-buffered, dO single. A step on query tile t:
-//   wait all; __syncthreads   Q[t], dO[t] visible; every warp is done with step t-1's P and dS
-//   S = Q Kᵀ; mask; P -> smem; dP = dO Vᵀ; dS
-//   issue Q[t+1]              into the other stage (last read in step t-1)
-//   dS -> smem; __syncthreads P and dS visible to all warps
+// Pipeline and synchronisation. Q and dO are double-buffered (dO single where kdOStages is 1).
+// A step on query tile t:
+//   wait all; __syncthreads   Q[t], dO[t] visible; every warp is done with step t-1 (its P, dS,
+//                             and the Q and dO stages that step t+1 loads into)
+//   issue Q[t+1], dO[t+1]     (single dO buffer: dO[t+1] waits for the dV GEMM, below)
+//   S = Q Kᵀ; mask; P -> smem; dP = dO Vᵀ; dS -> smem
+//   __syncthreads             P and dS visible to all warps
 //   dV += Pᵀ dO
-//   __syncthreads             every warp is done reading dO[t]
-//   issue dO[t+1]
-//   dQ += dS K (atomics); dK += dSᵀ Q
+//   (single dO buffer: __syncthreads, every warp is done reading dO[t]; issue dO[t+1])
+//   dQ = dS K -> global reductions, or -> dQ staging smem (bulk: thread 0 issued step t-1's
+//                             reduction after the first barrier and waited for its reads before
+//                             the second)
+//   dK += dSᵀ Q
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "common/attention_mask.h"
+#include "common/backward_rows.h"
 #include "fa/params.h"
+#include "sm80/dq_reduce.h"
 #include "sm80/fragments.h"
 #include "sm80/gemm.h"
 #include "sm80/tile_copy.h"
@@ -82,21 +91,26 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     return;
   }
 
-  // Shared memory: Q stages, dO, K, V, P, dS.
+  // Shared memory: Q stages, dO stages, K, V, P, dS.
   Element* smem_q = reinterpret_cast<Element*>(smem);
   Element* smem_do = smem_q + Config::kQStages * Config::kSmemQ;
-  Element* smem_k = smem_do + Config::kSmemQ;
+  Element* smem_k = smem_do + Config::kdOStages * Config::kSmemQ;
   Element* smem_v = smem_k + Config::kSmemKV;
   Element* smem_p = smem_v + Config::kSmemKV;
   Element* smem_ds = smem_p + Config::kSmemPdS;
+  float* smem_dq = reinterpret_cast<float*>(smem_ds + Config::kSmemPdS);  // kBulk only
   auto sQ = [&](int stage) {
     return make_tensor(make_smem_ptr(smem_q + stage * Config::kSmemQ), typename Config::SmemLayoutQ{});
   };
   auto sQt = [&](int stage) {
     return make_tensor(make_smem_ptr(smem_q + stage * Config::kSmemQ), typename Config::SmemLayoutQt{});
   };
-  Tensor sdO = make_tensor(make_smem_ptr(smem_do), typename Config::SmemLayoutQ{});
-  Tensor sdOt = make_tensor(make_smem_ptr(smem_do), typename Config::SmemLayoutQt{});
+  auto sdO = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_do + stage * Config::kSmemQ), typename Config::SmemLayoutQ{});
+  };
+  auto sdOt = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem_do + stage * Config::kSmemQ), typename Config::SmemLayoutQt{});
+  };
   Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Config::SmemLayoutKV{});
   Tensor sKt = make_tensor(make_smem_ptr(smem_k), typename Config::SmemLayoutKVt{});
   Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Config::SmemLayoutKV{});
@@ -123,9 +137,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                               gmem_thr_load.partition_D(sQ(stage)), tQc, col_ok,
                               params.seqlen_q - step_tile(t) * kBlockM);
   };
-  auto load_do = [&](int t) {
+  auto load_do = [&](int t, int stage) {
     copy_tile_zero_fill<true>(gmem_load, gmem_thr_load.partition_S(q_rows(params.dout, params.dout_stride, t)),
-                              gmem_thr_load.partition_D(sdO), tQc, col_ok,
+                              gmem_thr_load.partition_D(sdO(stage)), tQc, col_ok,
                               params.seqlen_q - step_tile(t) * kBlockM);
   };
 
@@ -134,7 +148,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   copy_tile_zero_fill<true>(gmem_load, gmem_thr_load.partition_S(kv_rows(static_cast<const Element*>(params.v), params.v_stride)),
                             gmem_thr_load.partition_D(sV), tKVc_load, col_ok, keys_left);
   load_q(0, 0);
-  load_do(0);
+  load_do(0, 0);
   cp_async_fence();
 
   // S = Q Kᵀ and dP = dO Vᵀ.
@@ -142,14 +156,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   Tensor tSrQ = thr_sdp.partition_fragment_A(sQ(0));
   Tensor tSrK = thr_sdp.partition_fragment_B(sK);
-  Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);
+  Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO(0));
   Tensor tdPrV = thr_sdp.partition_fragment_B(sV);
   auto copy_a_sdp = make_tiled_copy_A(typename Config::SmemCopyAtom{}, mma_sdp);
   auto thr_copy_a_sdp = copy_a_sdp.get_thread_slice(tid);
   auto copy_b_sdp = make_tiled_copy_B(typename Config::SmemCopyAtom{}, mma_sdp);
   auto thr_copy_b_sdp = copy_b_sdp.get_thread_slice(tid);
   Tensor tSsK = thr_copy_b_sdp.partition_S(sK);
-  Tensor tdPsdO = thr_copy_a_sdp.partition_S(sdO);
   Tensor tdPsV = thr_copy_b_sdp.partition_S(sV);
   auto store_pds = make_tiled_copy_C(typename Config::SmemCopyAtomStore{}, mma_sdp);
   auto thr_store_pds = store_pds.get_thread_slice(tid);
@@ -163,7 +176,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   typename Config::TiledMmadKV mma_dkv;
   auto thr_dkv = mma_dkv.get_thread_slice(tid);
   Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);
-  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt(0));
   Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);
   Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(0));
   auto copy_at_dkv = make_tiled_copy_A(typename Config::SmemCopyAtomTransposed{}, mma_dkv);
@@ -172,7 +185,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto thr_copy_bt_dkv = copy_bt_dkv.get_thread_slice(tid);
   Tensor tdVsPt = thr_copy_at_dkv.partition_S(sPt);
   Tensor tdKsdSt = thr_copy_at_dkv.partition_S(sdSt);
-  Tensor tdVsdOt = thr_copy_bt_dkv.partition_S(sdOt);
   Tensor acc_dk = partition_fragment_C(mma_dkv, KVTile{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, KVTile{});
   clear(acc_dk);
@@ -190,13 +202,28 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   Tensor tdQsdS = thr_copy_a_dq.partition_S(sdS);
   Tensor tdQsKt = thr_copy_bt_dq.partition_S(sKt);
   Tensor tdQc = thr_dq.partition_C(make_identity_tensor(QTile{}));
+  constexpr bool kBulk = Config::kDqReduce == DqReduce::kBulk && kArchHasBulkReduce;
+  auto dq_tile = [&](int t) {  // the workspace rows of step t
+    return params.dq_accum +
+           ((int64_t(batch) * params.heads_q + step_head(t)) * params.seqlen_q_rounded + step_tile(t) * kBlockM) *
+               kHeadDim;
+  };
 
   for (int t = 0; t < steps; ++t) {
     const int head = step_head(t);
     const int row_begin = step_tile(t) * kBlockM;
     const int stage = t % Config::kQStages;
+    const int do_stage = t % Config::kdOStages;
     cp_async_wait<0>();
     __syncthreads();
+    if constexpr (kBulk) {
+      if (tid == 0 && t > 0) bulk_reduce_add(dq_tile(t - 1), smem_dq, Config::kSmemdQBytes);
+    }
+    if (t + 1 < steps) {
+      load_q(t + 1, (t + 1) % Config::kQStages);
+      if constexpr (Config::kdOStages == 2) load_do(t + 1, (t + 1) % 2);
+      cp_async_fence();
+    }
 
     // This thread's rows: their lse (a row that saw no key, or lies past seqlen_q, gets +inf so its
     // P is exactly 0) in log2 units, and their delta.
@@ -232,7 +259,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // dS = P ∘ (dO Vᵀ - delta).
     Tensor acc_dp = partition_fragment_C(mma_sdp, STile{});
     clear(acc_dp);
-    gemm_smem_smem(acc_dp, tdPrdO, thr_copy_a_sdp.retile_D(tdPrdO), tdPsdO, copy_a_sdp,
+    gemm_smem_smem(acc_dp, tdPrdO, thr_copy_a_sdp.retile_D(tdPrdO), thr_copy_a_sdp.partition_S(sdO(do_stage)), copy_a_sdp,
                    tdPrV, thr_copy_b_sdp.retile_D(tdPrV), tdPsV, copy_b_sdp, mma_sdp);
     Tensor dscores = rowcol_view(acc_dp);
     CUTE_UNROLL
@@ -243,33 +270,52 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
     }
 
-    if (t + 1 < steps) {
-      load_q(t + 1, (t + 1) % Config::kQStages);
-      cp_async_fence();
-    }
     Tensor rdS = convert_fragment<Element>(acc_dp);
     copy(store_pds, thr_store_pds.retile_S(rdS), tdSsdS);
+    if constexpr (kBulk) {
+      if (tid == 0) bulk_reduce_wait_read();  // the dQ staging buffer is free again
+    }
     __syncthreads();
 
     gemm_smem_smem(acc_dv, tdVrPt, thr_copy_at_dkv.retile_D(tdVrPt), tdVsPt, copy_at_dkv,
-                   tdVrdOt, thr_copy_bt_dkv.retile_D(tdVrdOt), tdVsdOt, copy_bt_dkv, mma_dkv);
-    __syncthreads();
-    if (t + 1 < steps) {
-      load_do(t + 1);
-      cp_async_fence();
+                   tdVrdOt, thr_copy_bt_dkv.retile_D(tdVrdOt), thr_copy_bt_dkv.partition_S(sdOt(do_stage)),
+                   copy_bt_dkv, mma_dkv);
+    if constexpr (Config::kdOStages == 1) {
+      __syncthreads();
+      if (t + 1 < steps) {
+        load_do(t + 1, 0);
+        cp_async_fence();
+      }
     }
 
-    // dQ: other CTAs (the other key tiles) add to the same rows, hence the atomics.
+    // dQ: the other key tiles' CTAs add to the same workspace rows. Workspace column of (r, c):
+    // dq_workspace_col(r, c), with r the row inside the tile (tiles start at multiples of 8 rows).
     Tensor acc_dq = partition_fragment_C(mma_dq, QTile{});
     clear(acc_dq);
     gemm_smem_smem(acc_dq, tdQrdS, thr_copy_a_dq.retile_D(tdQrdS), tdQsdS, copy_a_dq,
                    tdQrKt, thr_copy_bt_dq.retile_D(tdQrKt), tdQsKt, copy_bt_dq, mma_dq);
-    float* dq_accum = params.dq_accum +
-                      ((int64_t(batch) * params.heads_q + head) * params.seqlen_q_rounded + row_begin) *
-                          params.head_dim_rounded;
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dq); ++i) {
-      atomicAdd(dq_accum + get<0>(tdQc(i)) * kHeadDim + get<1>(tdQc(i)), acc_dq(i));
+    static_assert(decltype(size<0>(acc_dq))::value == 4);  // (c0, c1), (c2, c3): column pairs
+    auto dq_offset = [&](int i) {
+      const int r = get<0>(tdQc(i));
+      return r * kHeadDim + dq_workspace_col<kHeadDim, Config::kDqSwizzle>(r, get<1>(tdQc(i)));
+    };
+    if constexpr (kBulk) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 2) {
+        store_shared_pair(smem_dq + dq_offset(i), acc_dq(i), acc_dq(i + 1));
+      }
+      fence_shared_for_bulk_copy();  // thread 0 adds the tile after the next barrier
+    } else if constexpr (Config::kDqReduce == DqReduce::kBulk || Config::kDqReduce == DqReduce::kPairs) {
+      float* dq_accum = dq_tile(t);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 2) atomic_add_pair(dq_accum + dq_offset(i), acc_dq(i), acc_dq(i + 1));
+    } else if constexpr (Config::kDqReduce == DqReduce::kScalar) {
+      float* dq_accum = dq_tile(t);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); ++i) {
+        const int r = get<0>(tdQc(i));
+        atomicAdd(dq_accum + r * kHeadDim + dq_workspace_col<kHeadDim, Config::kDqSwizzle>(r, get<1>(tdQc(i))), acc_dq(i));
+      }
     }
 
     gemm_smem_smem(acc_dk, tdKrdSt, thr_copy_at_dkv.retile_D(tdKrdSt), tdKsdSt, copy_at_dkv,
@@ -284,7 +330,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   Tensor rdV = convert_fragment<Element>(acc_dv);
   auto store_dkv = make_tiled_copy_C(typename Config::SmemCopyAtomStore{}, mma_dkv);
   auto thr_store_dkv = store_dkv.get_thread_slice(tid);
-  __syncthreads();  // every warp is done reading K and V
+  __syncthreads();  // every warp is done reading K and V (and has staged its last dQ tile)
+  if constexpr (kBulk) {
+    if (tid == 0) {
+      bulk_reduce_add(dq_tile(steps - 1), smem_dq, Config::kSmemdQBytes);
+      bulk_reduce_wait_all();
+    }
+  }
   copy(store_dkv, thr_store_dkv.retile_S(rdK), thr_store_dkv.partition_D(sK));
   copy(store_dkv, thr_store_dkv.retile_S(rdV), thr_store_dkv.partition_D(sV));
   __syncthreads();

@@ -12,15 +12,17 @@
 namespace fa::sm80 {
 
 // Tiles per head dim: query rows × keys per step, warps, and the warps along M of the S/dP GEMMs,
-// along keys of the dK/dV GEMMs and along M of the dQ GEMM. dK and dV accumulators
-// (2 · kBlockN · D / threads floats) dominate the registers; benchmarks/NOTES.md has the measurements.
+// along keys of the dK/dV GEMMs and along M of the dQ GEMM; dO buffers and how dQ is added.
+// dK and dV accumulators (2 · kBlockN · D / threads floats) dominate the registers;
+// benchmarks/NOTES.md has the measurements. D = 256 has no shared memory left for a staged
+// fp32 dQ tile (64 KB): it reduces column pairs straight from registers.
 template <int kHeadDim>
 struct BackwardTile;
-template <> struct BackwardTile<32>  { static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 8, kSdP = 4, kdKV = 4, kdQ = 4; };
-template <> struct BackwardTile<64>  { static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 8, kSdP = 4, kdKV = 4, kdQ = 4; };
-template <> struct BackwardTile<96>  { static constexpr int kBlockM = 64,  kBlockN = 128, kWarps = 8, kSdP = 2, kdKV = 4, kdQ = 4; };
-template <> struct BackwardTile<128> { static constexpr int kBlockM = 64,  kBlockN = 128, kWarps = 8, kSdP = 2, kdKV = 4, kdQ = 2; };
-template <> struct BackwardTile<256> { static constexpr int kBlockM = 64,  kBlockN = 64,  kWarps = 8, kSdP = 4, kdKV = 2, kdQ = 2; };
+template <> struct BackwardTile<32>  { static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 8, kSdP = 4, kdKV = 4, kdQ = 4, kdOStages = 2; static constexpr DqReduce kReduce = DqReduce::kBulk; };
+template <> struct BackwardTile<64>  { static constexpr int kBlockM = 128, kBlockN = 128, kWarps = 8, kSdP = 4, kdKV = 4, kdQ = 4, kdOStages = 2; static constexpr DqReduce kReduce = DqReduce::kBulk; };
+template <> struct BackwardTile<96>  { static constexpr int kBlockM = 64,  kBlockN = 128, kWarps = 8, kSdP = 2, kdKV = 4, kdQ = 4, kdOStages = 2; static constexpr DqReduce kReduce = DqReduce::kBulk; };
+template <> struct BackwardTile<128> { static constexpr int kBlockM = 64,  kBlockN = 128, kWarps = 8, kSdP = 2, kdKV = 4, kdQ = 2, kdOStages = 1; static constexpr DqReduce kReduce = DqReduce::kBulk; };
+template <> struct BackwardTile<256> { static constexpr int kBlockM = 64,  kBlockN = 64,  kWarps = 8, kSdP = 4, kdKV = 2, kdQ = 2, kdOStages = 1; static constexpr DqReduce kReduce = DqReduce::kPairs; };
 
 // Launches one backward configuration: pre-pass, main kernel, post-pass.
 template <class Config, bool kCausal>
@@ -29,6 +31,7 @@ cudaError_t launch_backward(const BackwardParams& params, cudaStream_t stream) {
   constexpr int kHeadDim = Config::kHeadDim;
   using RowPass = RowPassShape<kHeadDim>;
   static_assert(RowPass::kRowsPerBlock == kBackwardRowPadding && kBackwardRowPadding % Config::kBlockM == 0);
+  static_assert(Config::kSmemBytes <= 227 * 1024, "more shared memory than an H100 SM has");
 
   const dim3 row_grid(params.seqlen_q_rounded / RowPass::kRowsPerBlock, params.heads_q, params.batch);
   backward_preprocess_kernel<Element, kHeadDim><<<row_grid, RowPass::kThreads, 0, stream>>>(params);
@@ -36,25 +39,29 @@ cudaError_t launch_backward(const BackwardParams& params, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
 
   auto kernel = &backward_kernel<Config, kCausal>;
-  constexpr int kSmem = Config::kSmemBytes;
-  if constexpr (kSmem > 48 * 1024) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  // Before sm90 the kernel reduces dQ from registers and never touches the staging buffer: leave
+  // it out, so the rest fits an A100's 163 KB.
+  int device = 0, major = 0;
+  err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  const int smem = Config::kSmemBytes - (major < 9 ? Config::kSmemdQBytes : 0);
+  if (smem > 48 * 1024) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
   }
   const dim3 grid((params.seqlen_k + Config::kBlockN - 1) / Config::kBlockN, params.heads_kv, params.batch);
-  kernel<<<grid, Config::kThreads, kSmem, stream>>>(params);
+  kernel<<<grid, Config::kThreads, smem, stream>>>(params);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
-  backward_convert_dq_kernel<Element, kHeadDim><<<row_grid, RowPass::kThreads, 0, stream>>>(params);
+  backward_convert_dq_kernel<Element, kHeadDim, Config::kDqSwizzle><<<row_grid, RowPass::kThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }
 
-template <class Element, int kHeadDim>
-using BackwardConfigFor =
-    BackwardConfig<Element, kHeadDim, BackwardTile<kHeadDim>::kBlockM, BackwardTile<kHeadDim>::kBlockN,
-                   BackwardTile<kHeadDim>::kWarps, BackwardTile<kHeadDim>::kSdP, BackwardTile<kHeadDim>::kdKV,
-                   BackwardTile<kHeadDim>::kdQ>;
+template <class Element, int kHeadDim, class T = BackwardTile<kHeadDim>>
+using BackwardConfigFor = BackwardConfig<Element, kHeadDim, T::kBlockM, T::kBlockN, T::kWarps, T::kSdP, T::kdKV,
+                                         T::kdQ, T::kdOStages, T::kReduce>;
 
 template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream) {
