@@ -75,7 +75,7 @@ function(fa_add_kernel_library target)
     PRIVATE "${PROJECT_SOURCE_DIR}/cpp" "${FA_CUTLASS_INCLUDE_DIR}")
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:${FA_GENCODE_FLAGS} -O3 --use_fast_math --expt-relaxed-constexpr
-      -DNDEBUG -Xcudafe=--diag_suppress=177>)
+      -DNDEBUG -Xcudafe=--diag_suppress=177 --split-compile=0>)
   if(FA_LINEINFO)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
   endif()

@@ -15,14 +15,16 @@ namespace fa::sm80 {
 // (benchmarks/NOTES.md). The O accumulator (kBlockM·D / threads floats) and the S tile
 // (kBlockM·kBlockN / threads) share 255 registers a thread; these tiles are the fastest that
 // ptxas compiles without spilling (D = 128: 128×64 is 1–3% faster but spills ~120 bytes).
-// D = 256 uses 8 warps of 16 rows (128×64 is faster still but spills 8 bytes).
+// D = 256 uses 8 warps of 16 rows: 15% faster than 64×32 with 4 warps. The kernels compile with
+// --split-compile=0 (cmake/FaKernels.cmake), as benchmarks/tile_sweep.cu does: without it ptxas
+// spills 8 bytes in this one.
 template <int kHeadDim>
 struct ForwardTile;
 template <> struct ForwardTile<32>  { static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4; };
 template <> struct ForwardTile<64>  { static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4; };
 template <> struct ForwardTile<96>  { static constexpr int kBlockM = 128, kBlockN = 32, kWarps = 4; };
 template <> struct ForwardTile<128> { static constexpr int kBlockM = 128, kBlockN = 32, kWarps = 4; };
-template <> struct ForwardTile<256> { static constexpr int kBlockM = 128, kBlockN = 32, kWarps = 8; };
+template <> struct ForwardTile<256> { static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8; };
 
 // Launches one forward configuration: the grid, and the shared-memory opt-in above 48 KB.
 template <class Config, bool kCausal>
