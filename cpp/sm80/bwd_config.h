@@ -68,9 +68,12 @@ struct BackwardConfig {
   static constexpr int kSmemPdS = int(cute::cosize(SmemLayoutPdS{}));
   // kBulk: the fp32 dQ tile, in the workspace's layout
   static constexpr int kSmemdQBytes = kDqReduce == DqReduce::kBulk ? kBlockM * kHeadDim * int(sizeof(float)) : 0;
-  // Q stages, dO stages, K, V, P, dS, dQ
-  static constexpr int kSmemBytes =
-      ((kQStages + kdOStages) * kSmemQ + 2 * kSmemKV + 2 * kSmemPdS) * int(sizeof(Element)) + kSmemdQBytes;
+  // Per Q stage: the tile's lse and delta (fp32), loaded with it
+  static constexpr int kSmemRowBytes = kQStages * 2 * kBlockM * int(sizeof(float));
+  static_assert(kThreads >= 2 * kBlockM, "one thread per lse and per delta value");
+  // Q stages, dO stages, K, V, P, dS, lse and delta stages, dQ (last: left out before sm90)
+  static constexpr int kSmemBytes = ((kQStages + kdOStages) * kSmemQ + 2 * kSmemKV + 2 * kSmemPdS) *
+                                        int(sizeof(Element)) + kSmemRowBytes + kSmemdQBytes;
 };
 
 }  // namespace fa::sm80

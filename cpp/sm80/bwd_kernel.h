@@ -20,7 +20,8 @@
 // A step on query tile t:
 //   wait all; __syncthreads   Q[t], dO[t] visible; every warp is done with step t-1 (its P, dS,
 //                             and the Q and dO stages that step t+1 loads into)
-//   issue Q[t+1], dO[t+1]     (single dO buffer: dO[t+1] waits for the dV GEMM, below)
+//   issue Q[t+1] with its rows' lse and delta, dO[t+1]
+//                             (single dO buffer: dO[t+1] waits for the dV GEMM, below)
 //   S = Q Kᵀ; mask; P -> smem; dP = dO Vᵀ; dS -> smem
 //   __syncthreads             P and dS visible to all warps
 //   dV += Pᵀ dO
@@ -98,7 +99,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   Element* smem_v = smem_k + Config::kSmemKV;
   Element* smem_p = smem_v + Config::kSmemKV;
   Element* smem_ds = smem_p + Config::kSmemPdS;
-  float* smem_dq = reinterpret_cast<float*>(smem_ds + Config::kSmemPdS);  // kBulk only
+  float* smem_rows = reinterpret_cast<float*>(smem_ds + Config::kSmemPdS);  // [stage][lse, delta][kBlockM]
+  float* smem_dq = smem_rows + Config::kSmemRowBytes / sizeof(float);       // kBulk only
   auto sQ = [&](int stage) {
     return make_tensor(make_smem_ptr(smem_q + stage * Config::kSmemQ), typename Config::SmemLayoutQ{});
   };
@@ -143,11 +145,26 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                               params.seqlen_q - step_tile(t) * kBlockM);
   };
 
+  // The lse and delta of step t's rows, into smem_rows[stage] (with Q: they are waited for
+  // together). Rows past seqlen_q are not loaded (lse has no padding); the reader gives them +inf.
+  auto load_rows = [&](int t, int stage) {
+    const int row = step_tile(t) * kBlockM + tid % kBlockM;
+    float* dst = smem_rows + (stage * 2 + tid / kBlockM) * kBlockM + tid % kBlockM;
+    if (tid < kBlockM) {
+      if (row < params.seqlen_q) {
+        cp_async_4_bytes(dst, params.lse + batch * params.lse_batch_stride + step_head(t) * params.lse_head_stride + row);
+      }
+    } else if (tid < 2 * kBlockM) {
+      cp_async_4_bytes(dst, params.delta + (int64_t(batch) * params.heads_q + step_head(t)) * params.seqlen_q_rounded + row);
+    }
+  };
+
   copy_tile_zero_fill<true>(gmem_load, gmem_thr_load.partition_S(kv_rows(static_cast<const Element*>(params.k), params.k_stride)),
                             gmem_thr_load.partition_D(sK), tKVc_load, col_ok, keys_left);
   copy_tile_zero_fill<true>(gmem_load, gmem_thr_load.partition_S(kv_rows(static_cast<const Element*>(params.v), params.v_stride)),
                             gmem_thr_load.partition_D(sV), tKVc_load, col_ok, keys_left);
   load_q(0, 0);
+  load_rows(0, 0);
   load_do(0, 0);
   cp_async_fence();
 
@@ -210,7 +227,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   };
 
   for (int t = 0; t < steps; ++t) {
-    const int head = step_head(t);
     const int row_begin = step_tile(t) * kBlockM;
     const int stage = t % Config::kQStages;
     const int do_stage = t % Config::kdOStages;
@@ -221,21 +237,22 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
     if (t + 1 < steps) {
       load_q(t + 1, (t + 1) % Config::kQStages);
+      load_rows(t + 1, (t + 1) % Config::kQStages);
       if constexpr (Config::kdOStages == 2) load_do(t + 1, (t + 1) % 2);
       cp_async_fence();
     }
 
     // This thread's rows: their lse (a row that saw no key, or lies past seqlen_q, gets +inf so its
-    // P is exactly 0) in log2 units, and their delta.
-    const float* lse = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
-    const float* delta = params.delta + (int64_t(batch) * params.heads_q + head) * params.seqlen_q_rounded;
+    // P is exactly 0) in log2 units, and their delta, from shared memory.
+    const float* tile_lse = smem_rows + stage * 2 * kBlockM;
+    const float* tile_delta = tile_lse + kBlockM;
     float lse_log2[kRows], row_delta[kRows];
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const int row = row_begin + get<0>(score_coords(r, 0));
-      const float l = row < params.seqlen_q ? lse[row] : INFINITY;
+      const int row_in_tile = get<0>(score_coords(r, 0));
+      const float l = row_begin + row_in_tile < params.seqlen_q ? tile_lse[row_in_tile] : INFINITY;
       lse_log2[r] = (l == -INFINITY ? INFINITY : l) * float(M_LOG2E);
-      row_delta[r] = delta[row];
+      row_delta[r] = tile_delta[row_in_tile];
     }
 
     // P = exp(S·scale - lse), written to shared memory for dV.
