@@ -293,9 +293,11 @@ def plot_sweep(results: Sequence[Result], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(r.case.head_dim, r.case.causal, r.case.mode) for r in results})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (d, causal, mode) in zip(axes[0], panels):
+    # One row of panels per head dim, one column per (causal, mode).
+    dims = sorted({r.case.head_dim for r in results})
+    columns = sorted({(r.case.causal, r.case.mode) for r in results})
+    fig, axes = plt.subplots(len(dims), len(columns), figsize=(5 * len(columns), 4 * len(dims)), squeeze=False)
+    for ax, (d, (causal, mode)) in zip(axes.flat, [(d, c) for d in dims for c in columns]):
         for impl in sorted({r.impl for r in results}):
             pts = sorted((r.case.seqlen, r.tflops) for r in results
                          if r.impl == impl and r.tflops and (r.case.head_dim, r.case.causal, r.case.mode) == (d, causal, mode))
@@ -365,12 +367,14 @@ def environment() -> dict:
     import subprocess
 
     meta = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    try:
-        meta["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    except OSError:
-        meta["commit"] = None
-    meta["commit"] = meta["commit"] or os.environ.get("FA_COMMIT")  # a copy without .git
+    # FA_COMMIT first: a copy of the tree (e.g. on a GPU machine) may carry a stale .git.
+    meta["commit"] = os.environ.get("FA_COMMIT")
+    if not meta["commit"]:
+        try:
+            meta["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                            cwd=Path(__file__).resolve().parent).stdout.strip() or None
+        except OSError:
+            meta["commit"] = None
     if torch.cuda.is_available():
         meta["gpu"] = torch.cuda.get_device_name()
         meta["cudnn"] = torch.backends.cudnn.version()
