@@ -137,10 +137,6 @@ __global__ void __launch_bounds__(Config::kThreads)
   copy_tile_zero_fill<true>(gmem_copy, tQgQ, tQsQ, tQcQ, col_ok, rows_left);
   copy_tile_zero_fill<true>(gmem_copy, tKgK(_, _, _, n), tKsK, tKVcKV, col_ok,
                             params.seqlen_k - n * kBlockN);
-  // The first V tile too: its buffer is free, and its latency would otherwise be paid again after
-  // the first S GEMM (a short sequence is mostly first steps).
-  copy_tile_zero_fill<true>(gmem_copy, tVgV(_, _, _, n), tVsV, tKVcKV, col_ok,
-                            params.seqlen_k - n * kBlockN);
   cp_async_fence();
 
   OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
@@ -151,13 +147,10 @@ __global__ void __launch_bounds__(Config::kThreads)
     clear(acc_s);
     cp_async_wait<0>();
     __syncthreads();
-    // Only a masked step can be the last, partial key tile: the others skip the row checks. The
-    // first step's V came with the prologue.
-    if (n != n_tiles - 1) {
-      copy_tile_zero_fill<kMasked>(gmem_copy, tVgV(_, _, _, n), tVsV, tKVcKV, col_ok,
-                                   params.seqlen_k - n * kBlockN);
-      cp_async_fence();
-    }
+    // Only a masked step can be the last, partial key tile: the others skip the row checks.
+    copy_tile_zero_fill<kMasked>(gmem_copy, tVgV(_, _, _, n), tVsV, tKVcKV, col_ok,
+                                 params.seqlen_k - n * kBlockN);
+    cp_async_fence();
 
     gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q,
                    tSrK, smem_thr_k.retile_D(tSrK), tSsK, smem_copy_k, mma);
