@@ -8,7 +8,7 @@
 //   ./tile_sweep B H S causal [D]   (fp16; head dims 64, 128 and 256, or only D)
 //
 // -DFA_SWEEP_FORWARD=0 or -DFA_SWEEP_BACKWARD=0 leaves a direction out, -DFA_SWEEP_HEAD_DIM=D
-// all head dims but D (shorter compiles).
+// compiles head dim D only (shorter compiles).
 //
 // The first configuration of each list is the one that ships (the tests check it against a
 // float64 reference); every other one must reproduce its outputs, or its row says MISMATCH.

@@ -145,17 +145,26 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                               params.seqlen_q - step_tile(t) * kBlockM);
   };
 
-  // The lse and delta of step t's rows, into smem_rows[stage] (with Q: they are waited for
-  // together). Rows past seqlen_q are not loaded (lse has no padding); the reader gives them +inf.
+  // Row index of step t's first row in the (B, Hq, seqlen_q_rounded) row space of the delta and
+  // dQ workspaces.
+  auto workspace_row = [&](int t) {
+    return (int64_t(batch) * params.heads_q + step_head(t)) * params.seqlen_q_rounded + step_tile(t) * kBlockM;
+  };
+
+  // The lse and delta of step t's rows, into smem_rows[stage] by 4-byte cp.async (with Q: they
+  // are waited for together). Rows past seqlen_q are not loaded (lse has no padding); the reader
+  // gives them +inf.
+  using RowCopy = SM80_CP_ASYNC_CACHEALWAYS<float>;
   auto load_rows = [&](int t, int stage) {
-    const int row = step_tile(t) * kBlockM + tid % kBlockM;
-    float* dst = smem_rows + (stage * 2 + tid / kBlockM) * kBlockM + tid % kBlockM;
+    const int r = tid % kBlockM;
+    float& dst = smem_rows[(stage * 2 + tid / kBlockM) * kBlockM + r];
     if (tid < kBlockM) {
+      const int row = step_tile(t) * kBlockM + r;
       if (row < params.seqlen_q) {
-        cp_async_4_bytes(dst, params.lse + batch * params.lse_batch_stride + step_head(t) * params.lse_head_stride + row);
+        RowCopy::copy(params.lse[batch * params.lse_batch_stride + step_head(t) * params.lse_head_stride + row], dst);
       }
     } else if (tid < 2 * kBlockM) {
-      cp_async_4_bytes(dst, params.delta + (int64_t(batch) * params.heads_q + step_head(t)) * params.seqlen_q_rounded + row);
+      RowCopy::copy(params.delta[workspace_row(t) + r], dst);
     }
   };
 
@@ -220,11 +229,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   Tensor tdQsKt = thr_copy_bt_dq.partition_S(sKt);
   Tensor tdQc = thr_dq.partition_C(make_identity_tensor(QTile{}));
   constexpr bool kBulk = Config::kDqReduce == DqReduce::kBulk && kArchHasBulkReduce;
-  auto dq_tile = [&](int t) {  // the workspace rows of step t
-    return params.dq_accum +
-           ((int64_t(batch) * params.heads_q + step_head(t)) * params.seqlen_q_rounded + step_tile(t) * kBlockM) *
-               kHeadDim;
-  };
+  auto dq_tile = [&](int t) { return params.dq_accum + workspace_row(t) * kHeadDim; };  // step t's rows
 
   for (int t = 0; t < steps; ++t) {
     const int row_begin = step_tile(t) * kBlockM;
@@ -329,10 +334,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     } else if constexpr (Config::kDqReduce == DqReduce::kScalar) {
       float* dq_accum = dq_tile(t);
       CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); ++i) {
-        const int r = get<0>(tdQc(i));
-        atomicAdd(dq_accum + r * kHeadDim + dq_workspace_col<kHeadDim, Config::kDqSwizzle>(r, get<1>(tdQc(i))), acc_dq(i));
-      }
+      for (int i = 0; i < size(acc_dq); ++i) atomicAdd(dq_accum + dq_offset(i), acc_dq(i));
     }
 
     gemm_smem_smem(acc_dk, tdKrdSt, thr_copy_at_dkv.retile_D(tdKrdSt), tdKsdSt, copy_at_dkv,

@@ -13,14 +13,6 @@ CUTE_DEVICE void cp_async_wait() {
 #endif
 }
 
-// One 4-byte cp.async (global -> shared), cached in L1 (.ca: the only size .cg does not take).
-CUTE_DEVICE void cp_async_4_bytes(void* smem, const void* gmem) {
-#if defined(CUTE_ARCH_CP_ASYNC_SM80_ENABLED)
-  const auto smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr), "l"(gmem));
-#endif
-}
-
 // Copies a partitioned tile (CPY, CPY_ROWS, CPY_COLS) from global to shared memory. A vector whose
 // row is at or past rows_left (when kCheckRows), or whose columns lie past the real head dim
 // (col_ok false), is written as zeros instead: nothing past the inputs' end reaches a sum, and a
