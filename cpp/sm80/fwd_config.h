@@ -55,8 +55,8 @@ using TransposedLayout = decltype(cute::composition(
     cute::make_layout(cute::Shape<cute::Int<kCols>, cute::Int<kRows>>{}, cute::GenRowMajor{})));
 
 // Global <-> shared copies of SmemTileShape<Element, kCols> tiles by kThreads threads, 16 bytes a
-// thread. Load: cp.async cached in L2 only (.cg), as each tile is read once per CTA. Store: 16-byte
-// vector writes.
+// thread. Load: cp.async cached in L2 only (.cg), as each tile is read once per CTA, in its
+// zero-filling form (a predicate per vector: copy_tile_zero_fill). Store: 16-byte vector writes.
 template <class Element, int kCols, int kThreads>
 struct GmemTileCopy {
   using Smem = SmemTileShape<Element, kCols>;
@@ -65,7 +65,7 @@ struct GmemTileCopy {
                    cute::Stride<cute::Int<Smem::kThreadsPerRow>, cute::_1>>;
   using VectorLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<Smem::kElemsPerVector>>>;
   using Load = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{}, ThreadLayout{},
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{}, ThreadLayout{},
       VectorLayout{}));
   using Store = decltype(cute::make_tiled_copy(
       cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>{}, ThreadLayout{},

@@ -13,10 +13,12 @@ CUTE_DEVICE void cp_async_wait() {
 #endif
 }
 
-// Copies a partitioned tile (CPY, CPY_ROWS, CPY_COLS) from global to shared memory. A vector whose
-// row is at or past rows_left (when kCheckRows), or whose columns lie past the real head dim
-// (col_ok false), is written as zeros instead: nothing past the inputs' end reaches a sum, and a
-// zero V row times a zero probability stays zero (garbage could be NaN).
+// Copies a partitioned tile (CPY, CPY_ROWS, CPY_COLS) from global to shared memory with a
+// zero-filling cp.async (GmemTileCopy::Load). A vector whose row is at or past rows_left (when
+// kCheckRows), or whose columns lie past the real head dim (col_ok false), copies 0 source bytes and
+// lands as zeros: nothing past the inputs' end reaches a sum, and a zero V row times a zero
+// probability stays zero (garbage could be NaN). One instruction either way, so no shared-memory
+// store path beside the copies.
 template <bool kCheckRows, class TiledCopy, class Src, class Dst, class Coords, class ColOk>
 CUTE_DEVICE void copy_tile_zero_fill(TiledCopy const& tiled_copy, Src const& src, Dst&& dst,
                                      Coords const& coords, ColOk const& col_ok, int rows_left) {
@@ -26,11 +28,7 @@ CUTE_DEVICE void copy_tile_zero_fill(TiledCopy const& tiled_copy, Src const& src
     const bool row_ok = !kCheckRows || get<0>(coords(0, m, 0)) < rows_left;
     CUTE_UNROLL
     for (int k = 0; k < size<2>(dst); ++k) {
-      if (row_ok && col_ok(k)) {
-        copy(tiled_copy, src(_, m, k), dst(_, m, k));
-      } else {
-        clear(dst(_, m, k));
-      }
+      copy(tiled_copy.with(row_ok && col_ok(k)), src(_, m, k), dst(_, m, k));
     }
   }
 }
