@@ -139,8 +139,8 @@ void sweep_forward(fa::ForwardParams p, const Buffers& b, double flops, std::vec
   CHECK_CUDA(cudaDeviceSynchronize());
   auto out = to_host(b.out, b.q_elems);
   if (ref->empty()) *ref = out;
-  report(name_of<Config>(kCausal ? "fwd causal" : "fwd"), ms, flops, fa::sm80::forward_kernel<Config, kCausal>,
-         relative_difference(out, *ref));
+  report(name_of<Config>(kCausal ? "fwd causal" : "fwd") + " s" + std::to_string(Config::kStages), ms, flops,
+         fa::sm80::forward_kernel<Config, kCausal>, relative_difference(out, *ref));
   if constexpr (sizeof...(Rest) > 0) sweep_forward<kCausal, Rest...>(p, b, flops, ref);
 }
 
@@ -165,7 +165,8 @@ void sweep_backward(fa::BackwardParams p, const Buffers& b, double flops, std::v
 
 template <int D> using Fwd = fa::sm80::ForwardConfigFor<Element, D>;
 template <int D> using Bwd = fa::sm80::BackwardConfigFor<Element, D>;
-template <int D, int M, int N, int W> using FwdAlt = fa::sm80::ForwardConfig<Element, D, M, N, W>;
+template <int D, int M, int N, int W, int kStages = 1>
+using FwdAlt = fa::sm80::ForwardConfig<Element, D, M, N, W, kStages>;
 template <int D, int M, int N, int W, int A, int B, int C, int kdOStages = 2,
           fa::sm80::DqReduce kReduce = fa::sm80::DqReduce::kBulk>
 using BwdAlt = fa::sm80::BackwardConfig<Element, D, M, N, W, A, B, C, kdOStages, kReduce>;
@@ -202,7 +203,7 @@ void run(int batch, int heads, int seqlen) {
   // The backward reads the shipped forward's out and lse.
   if constexpr (D == 256) {
     if (FA_SWEEP_FORWARD) {
-      sweep_forward<kCausal, Fwd<256>, FwdAlt<256, 64, 32, 4>, FwdAlt<256, 128, 64, 8>>(p, b, flops, &fwd_ref);
+      sweep_forward<kCausal, Fwd<256>, FwdAlt<256, 128, 64, 8, 2>>(p, b, flops, &fwd_ref);
     }
     fa::sm80::launch_forward<Fwd<256>, kCausal>(p, nullptr);
     if (FA_SWEEP_BACKWARD) {
@@ -211,8 +212,8 @@ void run(int batch, int heads, int seqlen) {
     }
   } else if constexpr (D == 128) {
     if (FA_SWEEP_FORWARD) {
-      sweep_forward<kCausal, Fwd<128>, FwdAlt<128, 128, 64, 4>, FwdAlt<128, 128, 64, 8>, FwdAlt<128, 128, 128, 8>,
-                    FwdAlt<128, 64, 64, 4>>(p, b, flops, &fwd_ref);
+      sweep_forward<kCausal, Fwd<128>, FwdAlt<128, 128, 32, 4, 1>, FwdAlt<128, 128, 64, 4>,
+                    FwdAlt<128, 64, 64, 4, 2>>(p, b, flops, &fwd_ref);
     }
     fa::sm80::launch_forward<Fwd<128>, kCausal>(p, nullptr);
     if (FA_SWEEP_BACKWARD) {
@@ -223,7 +224,7 @@ void run(int batch, int heads, int seqlen) {
     }
   } else {
     if (FA_SWEEP_FORWARD) {
-      sweep_forward<kCausal, Fwd<64>, FwdAlt<64, 128, 128, 4>, FwdAlt<64, 128, 128, 8>, FwdAlt<64, 64, 128, 4>>(
+      sweep_forward<kCausal, Fwd<64>, FwdAlt<64, 128, 64, 4, 2>, FwdAlt<64, 128, 128, 4>>(
           p, b, flops, &fwd_ref);
     }
     fa::sm80::launch_forward<Fwd<64>, kCausal>(p, nullptr);

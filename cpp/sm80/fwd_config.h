@@ -72,7 +72,7 @@ struct GmemTileCopy {
       VectorLayout{}));
 };
 
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kStages_ = 1>
 struct ForwardConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -80,7 +80,12 @@ struct ForwardConfig {
   static constexpr int kBlockN = kBlockN_;  // keys per mainloop step
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
+  // Shared-memory buffers of each of K and V. One: a tile's load overlaps one GEMM of the step
+  // before, and a step has two barriers. Two: tile n-1 loads while all of step n runs, and a step
+  // has one barrier.
+  static constexpr int kStages = kStages_;
   static_assert(kHeadDim % 32 == 0 && kBlockM % (16 * kWarps) == 0 && kBlockN % 16 == 0);
+  static_assert(kStages == 1 || kStages == 2);
 
   // The warps stack along M: each owns 16 rows of every 16·kWarps-row slab of the query tile and
   // all of its keys, so a row's softmax never leaves its warp.
@@ -101,7 +106,7 @@ struct ForwardConfig {
   using GmemCopyO = typename GmemTileCopy<Element, kHeadDim, kThreads>::Store;
 
   static constexpr int kSmemBytes =
-      int(cute::cosize(SmemLayoutQ{}) + 2 * cute::cosize(SmemLayoutKV{})) * int(sizeof(Element));
+      int(cute::cosize(SmemLayoutQ{}) + 2 * kStages * cute::cosize(SmemLayoutKV{})) * int(sizeof(Element));
 };
 
 }  // namespace fa::sm80

@@ -8,20 +8,26 @@
 // written once; S and P never leave registers.
 //
 // Tile plan. kWarps warps stack along M: each owns 16-row slabs of the query tile and all keys of
-// a step, so row statistics reduce within a quad of lanes. Shared memory holds Q (kBlockM × D),
-// one K and one V tile (kBlockN × D each), swizzled (fwd_config.h); Q and K fragments are read
+// a step, so row statistics reduce within a quad of lanes. Shared memory holds Q (kBlockM × D) and
+// kStages K and V tiles (kBlockN × D each), swizzled (fwd_config.h); Q and K fragments are read
 // with ldmatrix, V with ldmatrix.trans.
 //
-// Pipeline and synchronisation. All threads issue cp.async for their 16-byte pieces of each tile.
-// A step on key tile n:
+// Pipeline and synchronisation. All threads issue cp.async for their 16-byte pieces of each tile
+// (zero-filling the rows past the keys and the columns past the head dim). With one buffer each
+// (kStages = 1), a step on key tile n:
 //   wait K[n]; __syncthreads    K[n] visible to all; every warp is done reading V[n+1]
 //   issue V[n]                  lands while S = Q K[n]ᵀ runs
 //   S = Q K[n]ᵀ; mask
 //   wait V[n]; __syncthreads    V[n] visible; every warp is done reading K[n]
 //   issue K[n-1]                lands while the softmax and O += P V[n] run
 //   online softmax; O += P V[n]
-// so each tile's load overlaps one of the two GEMMs. The output is staged through Q's shared
-// memory (no warp reads Q after the last step's second barrier) and stored with 16-byte writes.
+// so each tile's load overlaps one of the two GEMMs. With two buffers each (kStages = 2), tile n in
+// buffer n % 2:
+//   wait K[n], V[n]; __syncthreads    visible to all; every warp is done with step n+1's buffer
+//   issue K[n-1], V[n-1]              into that buffer; they land while all of this step runs
+//   S = Q K[n]ᵀ; mask; online softmax; O += P V[n]
+// one barrier a step. The output is staged through Q's shared memory (after a barrier that every
+// warp reaches once its last S = Q Kᵀ is done) and stored with 16-byte writes.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -97,19 +103,30 @@ __global__ void __launch_bounds__(Config::kThreads)
     return;
   }
 
+  // Shared memory: Q, then kStages K buffers, then kStages V buffers. Key tile n lives in buffer
+  // n % kStages; the buffer index reaches the code below as a compile-time constant, so every
+  // shared-memory address is a register plus an immediate.
+  constexpr int kStages = Config::kStages;
+  constexpr int kKVElems = decltype(cosize(typename Config::SmemLayoutKV{}))::value;
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Config::SmemLayoutQ{});
-  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Config::SmemLayoutKV{});
-  Tensor sV = make_tensor(sK.data() + size(sK), typename Config::SmemLayoutKV{});
-  Tensor sVt = make_tensor(sV.data(), typename Config::SmemLayoutVt{});
+  auto sK_at = [&](auto stage) {
+    return make_tensor(sQ.data() + size(sQ) + stage * kKVElems, typename Config::SmemLayoutKV{});
+  };
+  auto sV_at = [&](auto stage) {
+    return make_tensor(sQ.data() + size(sQ) + (kStages + stage) * kKVElems, typename Config::SmemLayoutKV{});
+  };
+  auto sVt_at = [&](auto stage) {
+    return make_tensor(sV_at(stage).data(), typename Config::SmemLayoutVt{});
+  };
+  Tensor sK = sK_at(_0{});    // buffer 0, for the shapes of the register fragments
+  Tensor sVt = sVt_at(_0{});
 
   typename Config::GmemCopyQKV gmem_copy;
   auto gmem_thr = gmem_copy.get_thread_slice(tid);
   Tensor tQgQ = gmem_thr.partition_S(gQ);
   Tensor tQsQ = gmem_thr.partition_D(sQ);
   Tensor tKgK = gmem_thr.partition_S(gK);  // (CPY, CPY_N, CPY_K, key tiles)
-  Tensor tKsK = gmem_thr.partition_D(sK);
   Tensor tVgV = gmem_thr.partition_S(gV);
-  Tensor tVsV = gmem_thr.partition_D(sV);
   Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(QTile{}));
   Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(KVTile{}));
   static_assert(decltype(size<2>(tKVcKV))::value == decltype(size<2>(tOcO))::value);
@@ -128,39 +145,70 @@ __global__ void __launch_bounds__(Config::kThreads)
   Tensor tSsQ = smem_thr_q.partition_S(sQ);
   auto smem_copy_k = make_tiled_copy_B(typename Config::SmemCopyAtom{}, mma);
   auto smem_thr_k = smem_copy_k.get_thread_slice(tid);
-  Tensor tSsK = smem_thr_k.partition_S(sK);
   auto smem_copy_v = make_tiled_copy_B(typename Config::SmemCopyAtomTransposed{}, mma);
   auto smem_thr_v = smem_copy_v.get_thread_slice(tid);
-  Tensor tOsVt = smem_thr_v.partition_S(sVt);
+
+  // The copies' views of each buffer, by buffer index (a compile-time constant).
+  Tensor tKsK0 = gmem_thr.partition_D(sK_at(_0{}));
+  Tensor tKsK1 = gmem_thr.partition_D(sK_at(Int<kStages - 1>{}));
+  Tensor tVsV0 = gmem_thr.partition_D(sV_at(_0{}));
+  Tensor tVsV1 = gmem_thr.partition_D(sV_at(Int<kStages - 1>{}));
+  Tensor tSsK0 = smem_thr_k.partition_S(sK_at(_0{}));
+  Tensor tSsK1 = smem_thr_k.partition_S(sK_at(Int<kStages - 1>{}));
+  Tensor tOsVt0 = smem_thr_v.partition_S(sVt_at(_0{}));
+  Tensor tOsVt1 = smem_thr_v.partition_S(sVt_at(Int<kStages - 1>{}));
+  auto pick = [](auto stage, auto& x0, auto& x1) -> auto& {
+    if constexpr (decltype(stage)::value == 0) return x0; else return x1;
+  };
+  // Tile n's K (or V) into its buffer; only the last tile (loaded first) can be partial.
+  auto load_tile = [&](auto const& tXgX, auto& tXsX, int n, auto check_rows) {
+    copy_tile_zero_fill<decltype(check_rows)::value>(gmem_copy, tXgX(_, _, _, n), tXsX,
+                                                     tKVcKV, col_ok, params.seqlen_k - n * kBlockN);
+  };
 
   int n = n_tiles - 1;
   copy_tile_zero_fill<true>(gmem_copy, tQgQ, tQsQ, tQcQ, col_ok, rows_left);
-  copy_tile_zero_fill<true>(gmem_copy, tKgK(_, _, _, n), tKsK, tKVcKV, col_ok,
-                            params.seqlen_k - n * kBlockN);
+  auto prologue = [&](auto stage) {
+    load_tile(tKgK, pick(stage, tKsK0, tKsK1), n, true_type{});
+    if constexpr (kStages == 2) load_tile(tVgV, pick(stage, tVsV0, tVsV1), n, true_type{});
+  };
+  if (kStages == 2 && (n & 1)) {
+    prologue(Int<kStages - 1>{});
+  } else {
+    prologue(_0{});
+  }
   cp_async_fence();
 
   OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
 
-  auto step = [&](int n, auto masked) {
+  // One step on key tile n, held in buffer `stage`.
+  auto step = [&](int n, auto masked, auto stage) {
     constexpr bool kMasked = decltype(masked)::value;
     Tensor acc_s = partition_fragment_C(mma, STile{});
     clear(acc_s);
     cp_async_wait<0>();
     __syncthreads();
-    // Only a masked step can be the last, partial key tile: the others skip the row checks.
-    copy_tile_zero_fill<kMasked>(gmem_copy, tVgV(_, _, _, n), tVsV, tKVcKV, col_ok,
-                                 params.seqlen_k - n * kBlockN);
-    cp_async_fence();
+    if constexpr (kStages == 1) {
+      load_tile(tVgV, pick(stage, tVsV0, tVsV1), n, masked);  // lands while S = Q K[n]ᵀ runs
+      cp_async_fence();
+    } else if (n > 0) {  // tile n-1 lands while this whole step runs
+      constexpr int kNext = 1 - decltype(stage)::value;
+      load_tile(tKgK, pick(Int<kNext>{}, tKsK0, tKsK1), n - 1, false_type{});
+      load_tile(tVgV, pick(Int<kNext>{}, tVsV0, tVsV1), n - 1, false_type{});
+      cp_async_fence();
+    }
 
     gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q,
-                   tSrK, smem_thr_k.retile_D(tSrK), tSsK, smem_copy_k, mma);
+                   tSrK, smem_thr_k.retile_D(tSrK), pick(stage, tSsK0, tSsK1), smem_copy_k, mma);
     if constexpr (kMasked) mask.apply(acc_s, tScS, row_begin, n * kBlockN);
 
-    cp_async_wait<0>();
-    __syncthreads();
-    if (n > 0) {
-      copy_tile_zero_fill<false>(gmem_copy, tKgK(_, _, _, n - 1), tKsK, tKVcKV, col_ok, 0);
-      cp_async_fence();
+    if constexpr (kStages == 1) {
+      cp_async_wait<0>();
+      __syncthreads();
+      if (n > 0) {
+        load_tile(tKgK, pick(stage, tKsK0, tKsK1), n - 1, false_type{});  // lands while softmax and O += P V run
+        cp_async_fence();
+      }
     }
 
     auto scores = rowcol_view(acc_s);
@@ -169,12 +217,22 @@ __global__ void __launch_bounds__(Config::kThreads)
 
     Tensor probs = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));
-    gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), tOsVt, smem_copy_v, mma);
+    gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), pick(stage, tOsVt0, tOsVt1),
+                   smem_copy_v, mma);
+  };
+  auto step_in_its_buffer = [&](int n, auto masked) {
+    if (kStages == 2 && (n & 1)) {
+      step(n, masked, Int<kStages - 1>{});
+    } else {
+      step(n, masked, _0{});
+    }
   };
 
   const int first_masked = mask.first_masked_tile(row_begin, kBlockN);
-  for (; n >= first_masked; --n) step(n, true_type{});
-  for (; n >= 0; --n) step(n, false_type{});
+  for (; n >= first_masked; --n) step_in_its_buffer(n, true_type{});
+  for (; n >= 0; --n) step_in_its_buffer(n, false_type{});
+  // With one barrier a step, another warp may still be reading Q in the last step's S = Q Kᵀ.
+  if constexpr (kStages == 2) __syncthreads();
 
   // Epilogue: normalise, write lse, stage O through shared memory, store it with 16-byte writes.
   constexpr int kRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;

@@ -11,20 +11,22 @@
 
 namespace fa::sm80 {
 
-// Tiles per head dim (query rows × keys per step, warps), from benchmarks/tile_sweep.cu on H100
-// (benchmarks/NOTES.md). The O accumulator (kBlockM·D / threads floats) and the S tile
-// (kBlockM·kBlockN / threads) share 255 registers a thread; these tiles are the fastest that
-// ptxas compiles without spilling (D = 128: 128×64 is 1–3% faster but spills ~120 bytes).
-// D = 256 uses 8 warps of 16 rows: 15% faster than 64×32 with 4 warps. The kernels compile with
-// --split-compile=0 (cmake/FaKernels.cmake), as benchmarks/tile_sweep.cu does: without it ptxas
-// spills 8 bytes in this one.
+// Tiles per head dim (query rows × keys per step, warps, K/V buffers), from
+// benchmarks/tile_sweep.cu on H100 (benchmarks/NOTES.md). The O accumulator (kBlockM·D / threads
+// floats) and the S tile (kBlockM·kBlockN / threads) share 255 registers a thread; these tiles are
+// the fastest that ptxas compiles without spilling (D = 128: 128×64 is faster but spills 80–90
+// bytes). D = 128 double-buffers K and V (one barrier a step, each tile loading during a whole
+// step): 2–6% faster than one buffer; at D = 64 a second buffer measures level or slower, at
+// D = 256 level (and 192 KB would not fit an A100). D = 256 uses 8 warps of 16 rows: 15% faster
+// than 64×32 with 4 warps. The kernels compile with --split-compile=0 (cmake/FaKernels.cmake), as
+// benchmarks/tile_sweep.cu does: without it ptxas spills 8 bytes in that one.
 template <int kHeadDim>
 struct ForwardTile;
-template <> struct ForwardTile<32>  { static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4; };
-template <> struct ForwardTile<64>  { static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4; };
-template <> struct ForwardTile<96>  { static constexpr int kBlockM = 128, kBlockN = 32, kWarps = 4; };
-template <> struct ForwardTile<128> { static constexpr int kBlockM = 128, kBlockN = 32, kWarps = 4; };
-template <> struct ForwardTile<256> { static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8; };
+template <> struct ForwardTile<32>  { static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 1; };
+template <> struct ForwardTile<64>  { static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 1; };
+template <> struct ForwardTile<96>  { static constexpr int kBlockM = 128, kBlockN = 32, kWarps = 4, kStages = 1; };
+template <> struct ForwardTile<128> { static constexpr int kBlockM = 128, kBlockN = 32, kWarps = 4, kStages = 2; };
+template <> struct ForwardTile<256> { static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8, kStages = 1; };
 
 // Launches one forward configuration: the grid, and the shared-memory opt-in above 48 KB.
 template <class Config, bool kCausal>
@@ -44,7 +46,8 @@ cudaError_t launch_forward(const ForwardParams& params, cudaStream_t stream) {
 
 template <class Element, int kHeadDim>
 using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTile<kHeadDim>::kBlockM,
-                                       ForwardTile<kHeadDim>::kBlockN, ForwardTile<kHeadDim>::kWarps>;
+                                       ForwardTile<kHeadDim>::kBlockN, ForwardTile<kHeadDim>::kWarps,
+                                       ForwardTile<kHeadDim>::kStages>;
 
 template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
