@@ -166,17 +166,21 @@ __global__ void __launch_bounds__(Config::kThreads)
                                                      tKVcKV, col_ok, params.seqlen_k - n * kBlockN);
   };
 
+  // Calls fn with the buffer of key tile n (n % kStages) as a compile-time constant.
+  auto in_buffer_of = [](int n, auto&& fn) {
+    if (kStages == 2 && (n & 1)) {
+      fn(Int<kStages - 1>{});
+    } else {
+      fn(_0{});
+    }
+  };
+
   int n = n_tiles - 1;
   copy_tile_zero_fill<true>(gmem_copy, tQgQ, tQsQ, tQcQ, col_ok, rows_left);
-  auto prologue = [&](auto stage) {
+  in_buffer_of(n, [&](auto stage) {
     load_tile(tKgK, pick(stage, tKsK0, tKsK1), n, true_type{});
     if constexpr (kStages == 2) load_tile(tVgV, pick(stage, tVsV0, tVsV1), n, true_type{});
-  };
-  if (kStages == 2 && (n & 1)) {
-    prologue(Int<kStages - 1>{});
-  } else {
-    prologue(_0{});
-  }
+  });
   cp_async_fence();
 
   OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
@@ -206,7 +210,8 @@ __global__ void __launch_bounds__(Config::kThreads)
       cp_async_wait<0>();
       __syncthreads();
       if (n > 0) {
-        load_tile(tKgK, pick(stage, tKsK0, tKsK1), n - 1, false_type{});  // lands while softmax and O += P V run
+        // lands while the softmax and O += P V run
+        load_tile(tKgK, pick(stage, tKsK0, tKsK1), n - 1, false_type{});
         cp_async_fence();
       }
     }
@@ -220,17 +225,10 @@ __global__ void __launch_bounds__(Config::kThreads)
     gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), pick(stage, tOsVt0, tOsVt1),
                    smem_copy_v, mma);
   };
-  auto step_in_its_buffer = [&](int n, auto masked) {
-    if (kStages == 2 && (n & 1)) {
-      step(n, masked, Int<kStages - 1>{});
-    } else {
-      step(n, masked, _0{});
-    }
-  };
 
   const int first_masked = mask.first_masked_tile(row_begin, kBlockN);
-  for (; n >= first_masked; --n) step_in_its_buffer(n, true_type{});
-  for (; n >= 0; --n) step_in_its_buffer(n, false_type{});
+  for (; n >= first_masked; --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
+  for (; n >= 0; --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage); });
   // With one barrier a step, another warp may still be reading Q in the last step's S = Q Kᵀ.
   if constexpr (kStages == 2) __syncthreads();
 
