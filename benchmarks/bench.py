@@ -11,6 +11,7 @@ SDPA's in the same run; a mismatch fails the run, so a wrong kernel never yields
 """
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import json
@@ -24,12 +25,17 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-DEFAULT_SHAPES = [(1, 64, 1024, 128), (2, 64, 4096, 128), (4, 64, 8192, 128), (16, 16, 2048, 64)]
+DEFAULT_SHAPES = [(1, 64, 1024, 128), (2, 64, 4096, 128), (4, 64, 8192, 128), (16, 16, 2048, 64),
+                  (2, 16, 16384, 128), (4, 16, 4096, 256)]
 SWEEP_SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
 SWEEP_HEAD_DIMS = [64, 128, 256]
 SWEEP_TOKENS = 16384  # batch · seqlen held fixed across a sweep
 SWEEP_WIDTH = 2048  # heads · head_dim held fixed across a sweep
-ALL_IMPLS = ["fa", "flash", "cudnn", "efficient", "math", "naive"]
+ALL_IMPLS = ["fa", "fa-sm90", "fa-sm80", "fa3", "flash", "cudnn", "efficient", "math", "naive"]
+DEFAULT_IMPLS = ["fa-sm90", "fa-sm80", "fa3", "flash", "cudnn", "efficient", "math", "naive"]
+# fa with its kernel family forced (the FA_KERNEL_FAMILY environment variable, read at each call);
+# plain "fa" is the default dispatch (the fastest family the GPU can run).
+FA_FAMILIES = {"fa": None, "fa-sm90": "sm90", "fa-sm80": "sm80"}
 BACKWARD_FLOP_FACTOR = 2.5
 # fa vs SDPA: max |difference| over max |SDPA|; fp16/bf16 kernels differ by ~3e-3 at these sizes.
 MISMATCH_TOLERANCE = {"fwd": 2e-2, "bwd": 5e-2}
@@ -59,6 +65,7 @@ class Result:
     extra_mem_mb: Optional[float] = None
     speedup_vs_naive: Optional[float] = None
     ratio_to_cudnn: Optional[float] = None
+    ratio_to_fa3: Optional[float] = None
     note: str = ""
 
 
@@ -99,10 +106,20 @@ def sdpa_backend(name: str):
 
 
 def make_impl(name: str) -> Callable:
-    if name == "fa":
+    if name in FA_FAMILIES:
         import fa
 
         return lambda q, k, v, causal: fa.attention(q, k, v, causal=causal)
+    if name == "fa3":
+        # FlashAttention-3 (Dao-AILab/flash-attention, hopper/), when its module imports. It takes
+        # (B, S, H, D): transposed views of the (B, H, S, D) inputs, no copies.
+        from flash_attn_interface import flash_attn_func
+
+        def run_fa3(q, k, v, causal):
+            out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+            return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+
+        return run_fa3
     if name == "naive":
         return naive_attention
     from torch.nn.attention import sdpa_kernel
@@ -114,6 +131,24 @@ def make_impl(name: str) -> Callable:
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     return run
+
+
+@contextlib.contextmanager
+def kernel_family(impl: str):
+    """Sets FA_KERNEL_FAMILY for the fa-sm80 / fa-sm90 impls while they run."""
+    family = FA_FAMILIES.get(impl)
+    if family is None:
+        yield
+        return
+    old = os.environ.get("FA_KERNEL_FAMILY")
+    os.environ["FA_KERNEL_FAMILY"] = family
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["FA_KERNEL_FAMILY"]
+        else:
+            os.environ["FA_KERNEL_FAMILY"] = old
 
 
 def materialises_scores(impl: str) -> bool:
@@ -196,18 +231,26 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None) -> Tup
     """Runs every impl on every case; returns the results and the fa mismatches found."""
     results, mismatches = [], []
     free_bytes = torch.cuda.mem_get_info()[0]
-    fns = {name: make_impl(name) for name in impls}
+    fns, unavailable = {}, {}
+    for name in impls:
+        try:
+            fns[name] = make_impl(name)
+        except ImportError as err:  # FA3 not installed: skipped with a note
+            unavailable[name] = f"not importable: {err}"
     for case in cases:
         inputs = make_inputs(case, requires_grad=case.mode == "bwd")
         outputs: Dict[str, torch.Tensor] = {}
         case_results = []
         for impl in impls:
             res = Result(case, impl)
-            if materialises_scores(impl) and scores_bytes(case) > 0.8 * free_bytes:
+            if impl in unavailable:
+                res.note = unavailable[impl]
+            elif materialises_scores(impl) and scores_bytes(case) > 0.8 * free_bytes:
                 res.note = f"skipped: S x S needs ~{scores_bytes(case) / 2**30:.0f} GiB"
             else:
                 try:
-                    res.ms, res.extra_mem_mb, outputs[impl] = run_case(case, impl, fns[impl], inputs)
+                    with kernel_family(impl):
+                        res.ms, res.extra_mem_mb, outputs[impl] = run_case(case, impl, fns[impl], inputs)
                     res.tflops = tflops(case, res.ms)
                 except (RuntimeError, torch.cuda.OutOfMemoryError) as err:  # backend not available
                     res.note = f"unavailable: {str(err).splitlines()[0][:80]}"
@@ -224,21 +267,22 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None) -> Tup
 
 
 def check_fa(case: Case, outputs: Dict[str, torch.Tensor], mismatches: List[str]) -> None:
-    if "fa" not in outputs:
-        return
-    for ref_name in ("flash", "cudnn", "efficient", "math"):
-        if ref_name in outputs:
-            err = relative_mismatch(outputs["fa"], outputs[ref_name])
-            if not err <= MISMATCH_TOLERANCE[case.mode]:
-                mismatches.append(f"{case}: fa differs from SDPA {ref_name} by {err:.2e} (relative max)")
-            return
-    mismatches.append(f"{case}: no SDPA result to check fa against")
+    """Every fa result (each family) against the first SDPA result of the same case."""
+    for name in (n for n in FA_FAMILIES if n in outputs):
+        ref_name = next((r for r in ("flash", "cudnn", "efficient", "math") if r in outputs), None)
+        if ref_name is None:
+            mismatches.append(f"{case}: no SDPA result to check {name} against")
+            continue
+        err = relative_mismatch(outputs[name], outputs[ref_name])
+        if not err <= MISMATCH_TOLERANCE[case.mode]:
+            mismatches.append(f"{case}: {name} differs from SDPA {ref_name} by {err:.2e} (relative max)")
 
 
 def fill_ratios(case_results: List[Result]) -> None:
     by_impl = {r.impl: r for r in case_results}
     naive = by_impl.get("naive")
     cudnn = by_impl.get("cudnn")
+    fa3 = by_impl.get("fa3")
     for r in case_results:
         if r.ms is None:
             continue
@@ -246,6 +290,8 @@ def fill_ratios(case_results: List[Result]) -> None:
             r.speedup_vs_naive = naive.ms / r.ms
         if cudnn is not None and cudnn.ms:
             r.ratio_to_cudnn = cudnn.ms / r.ms
+        if fa3 is not None and fa3.ms:
+            r.ratio_to_fa3 = fa3.ms / r.ms
 
 
 def _fmt(value, spec):
@@ -253,15 +299,15 @@ def _fmt(value, spec):
 
 
 def markdown_table(results: Sequence[Result]) -> str:
-    header = ("| shape (B, H, S, D) | causal | mode | impl | ms | TFLOP/s | vs naive | vs cuDNN "
-              "| extra MB | note |")
-    lines = [header, "|" + "---|" * 10]
+    header = ("| dtype | shape (B, H, S, D) | causal | mode | impl | ms | TFLOP/s | vs naive | vs cuDNN "
+              "| vs FA3 | extra MB | note |")
+    lines = [header, "|" + "---|" * 12]
     for r in results:
         c = r.case
         lines.append(
-            f"| {c.shape} | {int(c.causal)} | {c.mode} | {r.impl} | {_fmt(r.ms, '.3f')} | "
+            f"| {c.dtype} | {c.shape} | {int(c.causal)} | {c.mode} | {r.impl} | {_fmt(r.ms, '.3f')} | "
             f"{_fmt(r.tflops, '.0f')} | {_fmt(r.speedup_vs_naive, '.2f')} | {_fmt(r.ratio_to_cudnn, '.2f')} | "
-            f"{_fmt(r.extra_mem_mb, '.0f')} | {r.note} |"
+            f"{_fmt(r.ratio_to_fa3, '.2f')} | {_fmt(r.extra_mem_mb, '.0f')} | {r.note} |"
         )
     return "\n".join(lines)
 
@@ -337,10 +383,10 @@ def parse_shapes(text: str) -> List[Tuple[int, int, int, int]]:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES, help="'B,H,S,D;B,H,S,D'")
-    p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    p.add_argument("--dtype", default="float16,bfloat16", help="comma-separated: float16,bfloat16")
     p.add_argument("--causal", choices=["0", "1", "both"], default="both")
     p.add_argument("--mode", choices=["fwd", "bwd", "fwd+bwd"], default="fwd+bwd")
-    p.add_argument("--impl", default=",".join(ALL_IMPLS), help="comma-separated: " + ",".join(ALL_IMPLS))
+    p.add_argument("--impl", default=",".join(DEFAULT_IMPLS), help="comma-separated: " + ",".join(ALL_IMPLS))
     p.add_argument("--sweep", action="store_true",
                    help=f"sequence lengths {SWEEP_SEQLENS} for head dims {SWEEP_HEAD_DIMS} instead of --shapes")
     p.add_argument("--plot", action="store_true", help="write a PNG of TFLOP/s against sequence length")
@@ -351,6 +397,9 @@ def parse_args(argv=None):
     unknown = set(args.impl) - set(ALL_IMPLS)
     if unknown:
         p.error(f"unknown --impl {sorted(unknown)}; choose from {ALL_IMPLS}")
+    args.dtypes = [d for d in args.dtype.split(",") if d]
+    if set(args.dtypes) - {"float16", "bfloat16"}:
+        p.error(f"--dtype takes float16 and/or bfloat16, got {args.dtype}")
     args.causal_values = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
     args.modes = ["fwd", "bwd"] if args.mode == "fwd+bwd" else [args.mode]
     return args
@@ -358,8 +407,8 @@ def parse_args(argv=None):
 
 def build_cases(args) -> List[Case]:
     if args.sweep:
-        return sweep_cases(args.dtype, args.causal_values, args.modes)
-    return [Case(*shape, causal, mode, args.dtype)
+        return [c for dtype in args.dtypes for c in sweep_cases(dtype, args.causal_values, args.modes)]
+    return [Case(*shape, causal, mode, dtype) for dtype in args.dtypes
             for shape in args.shapes for causal in args.causal_values for mode in args.modes]
 
 
@@ -429,7 +478,7 @@ def main(argv=None) -> int:
     print(file=sys.stderr)
     print(markdown_table(results))
     print("\nTFLOP/s = 4·B·H·Sq·Sk·D / time (forward), halved when causal, x2.5 for the backward; "
-          "'vs naive' and 'vs cuDNN' are time ratios (>1: this impl is faster).")
+          "'vs naive', 'vs cuDNN' and 'vs FA3' are time ratios (>1: this impl is faster).")
     stem = args.name or time.strftime("bench-%Y%m%d-%H%M%S")
     csv_path, json_path = write_results(results, args.out, stem, meta)
     print(f"results: {csv_path} {json_path}")

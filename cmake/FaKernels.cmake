@@ -6,11 +6,25 @@
 # and a subset can be configured.
 #
 #   family | direction | entry point (namespace fa::<family>) | params struct
+#
+# The Ampere family (sm80) is compiled for every arch in FA_CUDA_ARCHS and has kernels for every
+# head dim; the Hopper family (sm90) only when 90a is among them, for its native head dims (a head
+# dim between them runs on the next larger one), compiled for sm_90a alone.
 set(FA_KERNEL_TABLE
   "sm80|fwd|run_forward|ForwardParams"
   "sm80|bwd|run_backward|BackwardParams"
 )
 set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
+set(FA_SM90_NATIVE_HEAD_DIMS 64 128 256)
+set(FA_SM90_HEAD_DIMS "")
+foreach(_hdim IN LISTS FA_HEAD_DIMS)
+  if(_hdim IN_LIST FA_SM90_NATIVE_HEAD_DIMS)
+    list(APPEND FA_SM90_HEAD_DIMS ${_hdim})
+  endif()
+endforeach()
+if("90a" IN_LIST FA_CUDA_ARCHS AND FA_SM90_HEAD_DIMS)
+  list(APPEND FA_KERNEL_TABLE "sm90|fwd|run_forward|ForwardParams")
+endif()
 set(FA_SUPPORTED_DTYPES fp16 bf16)
 
 foreach(_hdim IN LISTS FA_HEAD_DIMS)
@@ -30,7 +44,7 @@ set(FA_GENERATED_DIR "${CMAKE_CURRENT_BINARY_DIR}/generated")
 # ${FA_GENERATED_DIR}/fa/build_config.h, which tells the binding what the library holds.
 function(fa_add_kernel_library target)
   set(_sources "")
-  foreach(_flag SM80_BWD FP16 BF16)
+  foreach(_flag SM80_BWD SM90_FWD FP16 BF16)
     set(FA_CFG_${_flag} false)
   endforeach()
   foreach(_row IN LISTS FA_KERNEL_TABLE)
@@ -40,6 +54,15 @@ function(fa_add_kernel_library target)
     list(GET _row 2 FA_ENTRY)
     list(GET _row 3 FA_PARAMS)
     string(TOUPPER "${FA_FAMILY}_${FA_DIRECTION}" _family_dir)
+    set(_row_head_dims ${FA_HEAD_DIMS})
+    set(_row_gencode ${FA_GENCODE_FLAGS})
+    set(_row_defines "")
+    if(FA_FAMILY STREQUAL "sm90")
+      set(_row_head_dims ${FA_SM90_HEAD_DIMS})
+      set(_row_gencode "-gencode=arch=compute_90a,code=sm_90a")
+      # wgmma N sizes such as 80 (the D = 256 key tile) are outside CuTe's default list.
+      set(_row_defines "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED")
+    endif()
     set(FA_CFG_${_family_dir} true)
     foreach(_dtype IN LISTS FA_DTYPES)
       if(_dtype STREQUAL "fp16")
@@ -47,7 +70,7 @@ function(fa_add_kernel_library target)
       else()
         set(FA_TAG BFloat16)
       endif()
-      foreach(FA_HDIM IN LISTS FA_HEAD_DIMS)
+      foreach(FA_HDIM IN LISTS _row_head_dims)
         foreach(FA_CAUSAL IN ITEMS false true)
           set(_name "${FA_FAMILY}_${FA_DIRECTION}_hdim${FA_HDIM}_${_dtype}")
           if(FA_CAUSAL)
@@ -56,6 +79,8 @@ function(fa_add_kernel_library target)
           configure_file("${PROJECT_SOURCE_DIR}/cpp/instantiations/instantiation.cu.in"
                          "${FA_GENERATED_DIR}/instantiations/${_name}.cu" @ONLY)
           list(APPEND _sources "${FA_GENERATED_DIR}/instantiations/${_name}.cu")
+          set_source_files_properties("${FA_GENERATED_DIR}/instantiations/${_name}.cu" PROPERTIES
+            COMPILE_OPTIONS "${_row_gencode};${_row_defines}")
         endforeach()
       endforeach()
     endforeach()
@@ -65,6 +90,10 @@ function(fa_add_kernel_library target)
     set(FA_CFG_${_up} true)
   endforeach()
   string(REPLACE ";" ", " FA_CFG_HEAD_DIMS "${FA_HEAD_DIMS}")
+  set(FA_CFG_SM90_HEAD_DIMS "")
+  if(FA_CFG_SM90_FWD)
+    string(REPLACE ";" ", " FA_CFG_SM90_HEAD_DIMS "${FA_SM90_HEAD_DIMS},")
+  endif()
   string(REPLACE ";" "," FA_CFG_ARCHS "${FA_CUDA_ARCHS}")
   configure_file("${PROJECT_SOURCE_DIR}/cpp/include/fa/build_config.h.in"
                  "${FA_GENERATED_DIR}/fa/build_config.h" @ONLY)
@@ -74,7 +103,7 @@ function(fa_add_kernel_library target)
     PUBLIC "${PROJECT_SOURCE_DIR}/cpp/include" "${FA_GENERATED_DIR}"
     PRIVATE "${PROJECT_SOURCE_DIR}/cpp" "${FA_CUTLASS_INCLUDE_DIR}")
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:${FA_GENCODE_FLAGS} -O3 --use_fast_math --expt-relaxed-constexpr
+    $<$<COMPILE_LANGUAGE:CUDA>:-O3 --use_fast_math --expt-relaxed-constexpr
       -DNDEBUG -Xcudafe=--diag_suppress=177 --split-compile=0>)
   if(FA_LINEINFO)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)

@@ -6,13 +6,16 @@
 #   FA_COMMIT=$(git rev-parse --short HEAD) scripts/device_run.sh [--prebuilt | --install] [--tests ARGS] …
 #   (FA_COMMIT labels the benchmark's results when the copy on the GPU machine has no .git)
 #
+# FlashAttention-3 (the peer the benchmark times as --impl fa3) is found in .carry/fa3 when it was
+# copied there (cp -r ../shared/peers/fa3 .carry/fa3).
+#
 #   --prebuilt   use the package staged in .carry/fa by scripts/stage_prebuilt.sh (built on a
 #                machine without a GPU against the same torch; saves compile time here)
 #   --install    pip install --no-build-isolation . (the users' path); nvidia-cutlass comes from .whl/
 #   --install-args "…"  extra pip arguments, e.g. "-C cmake.define.FA_HEAD_DIMS=128"
 #   --tests "…"  pytest arguments (default: the whole suite); "skip" to skip
 #   --bench "…"  benchmarks/bench.py arguments (default: the default suite); "skip" to skip
-#   --sanitize   compute-sanitizer memcheck and racecheck on a small odd-length case
+#   --sanitize   compute-sanitizer memcheck, racecheck and synccheck on a small odd-length case
 #   --sass       dump the SASS of the fa library and count matrix instructions and spills
 #   --sweep "…"  run benchmarks/tile_sweep.cu on each "B H S causal [D]" case (';'-separated): the
 #                binary staged as .carry/tile_sweep if there is one (built without a GPU), else built here
@@ -39,6 +42,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 export PYTHONUNBUFFERED=1
+[ -d .carry/fa3 ] && export PYTHONPATH="$PWD/.carry/fa3${PYTHONPATH:+:$PYTHONPATH}"
 status=0
 step() { echo "=== $* ($(date +%T))"; }
 
@@ -65,16 +69,17 @@ if [ "$sass" = 1 ]; then
   cuobjdump --dump-sass "$lib" > "$OUT/fa.sass" 2>&1
   python3 - "$OUT/fa.sass" <<'PY' | tee "$OUT/sass_summary.txt"
 import re, sys
+ops = ("HMMA", "HGMMA", "UTMALDG", "UTMASTG", "LDL", "STL")
 kernel, counts = None, {}
 for line in open(sys.argv[1]):
     m = re.search(r"Function : (\S+)", line)
     if m:
-        kernel = m.group(1); counts[kernel] = {"HMMA": 0, "HGMMA": 0, "LDL": 0, "STL": 0}; continue
+        kernel = m.group(1); counts[kernel] = dict.fromkeys(ops, 0); continue
     if kernel:
-        for op in counts[kernel]:
+        for op in ops:
             if re.search(rf"\b{op}\b", line): counts[kernel][op] += 1
 for k, c in counts.items():
-    print(f"{c['HMMA']:6d} HMMA {c['HGMMA']:5d} HGMMA {c['LDL']:4d} LDL {c['STL']:4d} STL  {k[:110]}")
+    print(" ".join(f"{c[op]:5d} {op}" for op in ops) + f"  {k[:100]}")
 PY
 fi
 
@@ -113,7 +118,7 @@ if [ "$tests" != skip ]; then
 fi
 
 if [ "$sanitize" = 1 ]; then
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck synccheck; do
     step "compute-sanitizer $tool"
     compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/sanitize_case.py \
       > "$OUT/sanitizer_$tool.log" 2>&1

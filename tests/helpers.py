@@ -18,6 +18,11 @@ def cuda_kernels_available() -> bool:
     return torch.cuda.is_available() and fa.build_info()["cuda_kernels_built"]
 
 
+def cuda_families():
+    """The kernel families of this build that can run on the current GPU (empty without one)."""
+    return fa.build_info()["device_kernel_families"] if cuda_kernels_available() else []
+
+
 def random_qkv(b, hq, hk, sq, sk, d, dtype, device, magnitude=1.0, seed=None):
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed if seed is not None else torch.seed() % (2**31))

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -30,18 +31,18 @@ def test_tflops_matches_reference_numbers():
 def test_ratios_and_table(tmp_path):
     case = bench.Case(1, 2, 128, 64, causal=True, mode="fwd")
     results = [bench.Result(case, "fa", ms=1.0), bench.Result(case, "cudnn", ms=0.5), bench.Result(case, "naive", ms=4.0),
-               bench.Result(case, "math", note="skipped: S x S needs ~9 GiB")]
+               bench.Result(case, "math", note="skipped: S x S needs ~9 GiB"), bench.Result(case, "fa3", ms=2.0)]
     bench.fill_ratios(results)
-    fa, cudnn, naive, math_ = results
-    assert fa.speedup_vs_naive == 4.0 and fa.ratio_to_cudnn == 0.5
+    fa, cudnn, naive, math_, fa3 = results
+    assert fa.speedup_vs_naive == 4.0 and fa.ratio_to_cudnn == 0.5 and fa.ratio_to_fa3 == 2.0
     assert cudnn.ratio_to_cudnn == 1.0 and naive.speedup_vs_naive == 1.0 and math_.ratio_to_cudnn is None
     table = bench.markdown_table(results)
-    assert table.splitlines()[0].startswith("| shape (B, H, S, D) | causal | mode | impl | ms | TFLOP/s")
-    assert "| (1, 2, 128, 64) | 1 | fwd | fa | 1.000 |" in table and "skipped: S x S" in table
+    assert table.splitlines()[0].startswith("| dtype | shape (B, H, S, D) | causal | mode | impl | ms | TFLOP/s")
+    assert "| float16 | (1, 2, 128, 64) | 1 | fwd | fa | 1.000 |" in table and "skipped: S x S" in table
 
     csv_path, json_path = bench.write_results(results, tmp_path, "t", {"gpu": "test"})
     rows = list(csv.DictReader(csv_path.open()))
-    assert [r["impl"] for r in rows] == ["fa", "cudnn", "naive", "math"]
+    assert [r["impl"] for r in rows] == ["fa", "cudnn", "naive", "math", "fa3"]
     assert float(rows[0]["ms"]) == 1.0 and rows[0]["seqlen"] == "128" and rows[0]["causal"] == "True"
     data = json.loads(json_path.read_text())
     assert data["meta"] == {"gpu": "test"} and data["results"][2]["speedup_vs_naive"] == 1.0
@@ -55,11 +56,15 @@ def test_memory_estimate_skips_only_materialising_impls():
 
 
 def test_arguments():
-    args = bench.parse_args(["--shapes", "1,2,3,4;(5,6,7,8)", "--causal", "1", "--mode", "bwd", "--impl", "fa,cudnn"])
+    args = bench.parse_args(["--shapes", "1,2,3,4;(5,6,7,8)", "--causal", "1", "--mode", "bwd", "--impl", "fa,cudnn",
+                             "--dtype", "float16"])
     assert args.shapes == [(1, 2, 3, 4), (5, 6, 7, 8)] and args.causal_values == [True] and args.modes == ["bwd"]
     assert [c.shape for c in bench.build_cases(args)] == [(1, 2, 3, 4), (5, 6, 7, 8)]
-    default = bench.build_cases(bench.parse_args([]))
-    assert len(default) == 4 * 2 * 2 and default[0] == bench.Case(1, 64, 1024, 128, False, "fwd")
+    default_args = bench.parse_args([])
+    default = bench.build_cases(default_args)
+    assert len(default) == len(bench.DEFAULT_SHAPES) * 2 * 2 * 2 and default[0] == bench.Case(1, 64, 1024, 128, False, "fwd")
+    assert {c.dtype for c in default} == {"float16", "bfloat16"}
+    assert {"fa-sm90", "fa-sm80", "fa3", "flash", "cudnn"} <= set(default_args.impl)
     sweep = bench.build_cases(bench.parse_args(["--sweep", "--causal", "0", "--mode", "fwd"]))
     assert {c.head_dim for c in sweep} == {64, 128, 256} and {c.seqlen for c in sweep} == set(bench.SWEEP_SEQLENS)
     assert all(c.batch * c.seqlen == max(bench.SWEEP_TOKENS, c.seqlen) and c.heads * c.head_dim == bench.SWEEP_WIDTH
@@ -76,6 +81,21 @@ def test_mismatch_check_catches_a_wrong_kernel():
     assert mismatches == []
     bench.check_fa(case, {"fa": good + 1.0, "flash": good}, mismatches)
     assert len(mismatches) == 1 and "fa differs from SDPA flash" in mismatches[0]
+    bench.check_fa(case, {"fa-sm80": good, "fa-sm90": good + 1.0, "cudnn": good}, mismatches)
+    assert len(mismatches) == 2 and "fa-sm90 differs from SDPA cudnn" in mismatches[1]
+
+
+def test_kernel_family_impls_set_the_environment(monkeypatch):
+    monkeypatch.delenv("FA_KERNEL_FAMILY", raising=False)
+    with bench.kernel_family("fa-sm90"):
+        assert os.environ["FA_KERNEL_FAMILY"] == "sm90"
+    assert "FA_KERNEL_FAMILY" not in os.environ
+    monkeypatch.setenv("FA_KERNEL_FAMILY", "sm80")
+    with bench.kernel_family("fa-sm90"):
+        assert os.environ["FA_KERNEL_FAMILY"] == "sm90"
+    assert os.environ["FA_KERNEL_FAMILY"] == "sm80"
+    with bench.kernel_family("cudnn"):
+        assert os.environ["FA_KERNEL_FAMILY"] == "sm80"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU demonstration runs without a GPU")

@@ -5,7 +5,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fa
-from helpers import random_qkv
+from helpers import cuda_families, random_qkv
 
 
 def test_opcheck_forward(device):
@@ -69,9 +69,40 @@ def test_build_info():
     info = fa.build_info()
     assert info["version"] == fa.__version__
     for key in ("torch", "cuda_kernels_built", "cuda_archs", "head_dims", "dtypes", "kernels",
-                "device", "device_kernel_family"):
+                "kernel_families", "sm90_head_dims", "device", "device_kernel_family",
+                "device_kernel_families", "kernel_family_setting"):
         assert key in info
     if info["cuda_kernels_built"]:
         assert info["cuda_archs"] and info["head_dims"] and "sm80 fwd" in info["kernels"]
+        assert ("sm90 fwd" in info["kernels"]) == ("90a" in info["cuda_archs"] and bool(info["sm90_head_dims"]))
     else:
         assert info["no_cuda_reason"]
+
+
+def test_families_for_each_device():
+    from fa._info import families_for
+
+    both = [["sm80", "fwd"], ["sm80", "bwd"], ["sm90", "fwd"]]
+    assert families_for(both, ["80", "90a"], (9, 0)) == ["sm80", "sm90"]
+    assert families_for(both, ["80", "90a"], (8, 6)) == ["sm80"]
+    assert families_for(both, ["90a"], (8, 0)) == []          # 90a SASS runs on sm90 only
+    assert families_for(both, ["80", "90a"], (10, 0)) == []   # neither runs on sm100
+    assert families_for(both[:2], ["90a"], (9, 0)) == ["sm80"]
+
+
+def test_family_setting_is_reported(monkeypatch):
+    monkeypatch.setenv("FA_KERNEL_FAMILY", "sm80")
+    assert fa.build_info()["kernel_family_setting"] == "sm80"
+    monkeypatch.delenv("FA_KERNEL_FAMILY")
+    assert fa.build_info()["kernel_family_setting"] == "auto"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("sm90" not in cuda_families(), reason="the Hopper family cannot run here")
+def test_default_dispatch_picks_the_hopper_family_on_sm90():
+    q, k, v = random_qkv(1, 2, 2, 256, 256, 128, torch.float16, "cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fa.attention(q, k, v)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "forward_kernel" in e.name]
+    assert names and all("sm90" in n for n in names), names

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import fa  # noqa: F401
+import fa
 
 
 def qkv(device, b=1, hq=2, hk=2, sq=16, sk=16, d=64, dtype=torch.float16):
@@ -97,3 +97,15 @@ def test_backward_dout_shape(device):
     q, k, v = qkv(device)
     out, lse = forward(q, k, v)
     expect(r"dout must have q's shape", torch.ops.fa.backward, out[:, :, :8], q, k, v, out, lse, None, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not fa.build_info()["cuda_kernels_built"],
+                    reason="no CUDA GPU or no fa CUDA kernels")
+def test_bad_kernel_family_setting(monkeypatch):
+    q, k, v = qkv("cuda")
+    monkeypatch.setenv("FA_KERNEL_FAMILY", "sm99")
+    expect(r"FA_KERNEL_FAMILY must be sm80, sm90 or auto, got 'sm99'", forward, q, k, v)
+    if "sm90" not in fa.build_info()["device_kernel_families"]:
+        monkeypatch.setenv("FA_KERNEL_FAMILY", "sm90")
+        expect(r"FA_KERNEL_FAMILY=sm90, but the Hopper family cannot serve this call", forward, q, k, v)

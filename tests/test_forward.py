@@ -105,6 +105,18 @@ def test_noncontiguous_strided_views(device):
     check_forward(q, k, v, causal=False)
 
 
+def test_views_tma_cannot_describe(device):
+    # TMA needs a 16-byte aligned base and 16-byte multiples for every stride: an odd storage
+    # offset and a row stride of 68 elements (136 bytes) are served all the same (copied first).
+    flat = torch.randn(2 * 3 * 70 * 68 + 1, device=device, dtype=torch.float16)
+    q = flat[1:].view(2, 3, 70, 68)[..., :64]
+    assert q.data_ptr() % 16 != 0 and q.stride(2) * 2 % 16 != 0
+    k = torch.randn(2, 3, 50, 68, device=device, dtype=torch.float16)[..., 4:]
+    v = torch.randn(2, 3, 50, 64, device=device, dtype=torch.float16)
+    check_forward(q, k, v, causal=False)
+    check_forward(q, k, v, causal=True)
+
+
 def test_rows_that_see_no_key_give_zero_and_minus_inf_lse(device):
     sq, sk = 90, 40
     q, k, v = random_qkv(1, 2, 2, sq, sk, 64, torch.float16, device)

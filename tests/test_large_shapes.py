@@ -10,14 +10,15 @@ from helpers import (assert_within_lowp_error, cuda_kernels_available, naive_att
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not cuda_kernels_available(), reason="no CUDA GPU or no fa CUDA kernels")]
 
-FORWARD_SHAPES = [(1, 64, 1024, 128), (2, 64, 4096, 128), (4, 64, 8192, 128), (16, 16, 2048, 64)]
+FORWARD_SHAPES = [(1, 64, 1024, 128), (2, 64, 4096, 128), (4, 64, 8192, 128), (16, 16, 2048, 64),
+                  (2, 16, 16384, 128), (4, 16, 4096, 256)]
 BACKWARD_SHAPES = [(1, 64, 1024, 128), (2, 64, 4096, 128), (16, 16, 2048, 64)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", FORWARD_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_forward_large(shape, causal, dtype):
+def test_forward_large(shape, causal, dtype, family):
     b, h, s, d = shape
     q, k, v = random_qkv(b, h, h, s, s, d, dtype, "cuda")
     poison_cuda_allocator((q.shape, dtype), (q.shape[:3], torch.float32))

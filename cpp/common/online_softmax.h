@@ -56,43 +56,33 @@ struct OnlineSoftmax {
   // must not be subtracted (-inf - -inf is NaN); such a row's probabilities are then all 0.
   template <bool kMayBeEmpty, class Scores, class AccO>
   CUTE_DEVICE void update(Scores& scores, AccO& acc_o, float scale_log2) {
+    advance_max<kMayBeEmpty>(scores, scale_log2);
+    rescale_output(acc_o);
+    exponentiate(scores, scale_log2);
+  }
+
+  // update() in two halves, for a mainloop whose O accumulator is still being written by the
+  // tensor cores (an asynchronous O += P V of the previous tile) while this tile's softmax runs:
+  // rescale_scores() needs only the scores; rescale_output() then touches O once it is complete.
+  template <bool kMayBeEmpty, class Scores>
+  CUTE_DEVICE void rescale_scores(Scores& scores, float scale_log2) {
+    advance_max<kMayBeEmpty>(scores, scale_log2);
+    exponentiate(scores, scale_log2);
+  }
+
+  // Rescales acc_o by the corrections of the last rescale_scores(). Rescaling O is a multiply per
+  // accumulator element. Where a row's max did not move its correction is exactly 1, so the warp
+  // skips the multiplies when none of its rows moved: the common case once a long row has seen its
+  // largest scores. The test is warp-uniform.
+  template <class AccO>
+  CUTE_DEVICE void rescale_output(AccO& acc_o) {
     using namespace cute;
-    static_assert(decltype(size<0>(scores))::value == kRows);
-    float max_scaled[kRows], correction_of[kRows];
-    bool max_moved = false;
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float tile_max = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
-      tile_max = quad_allreduce(tile_max, MaxOp{});
-      max_scaled[r] = (kMayBeEmpty && tile_max == -INFINITY) ? 0.f : tile_max * scale_log2;
-      // The first tile has row_max -inf: the correction is exp2(-inf) = 0 on an all-zero acc_o.
-      const float correction = exp2f(row_max[r] * scale_log2 - max_scaled[r]);
-      max_moved |= tile_max != row_max[r];
-      row_max[r] = tile_max;
-      row_sum[r] *= correction;
-      correction_of[r] = correction;
-    }
-    // Rescaling O is a multiply per accumulator element. Where a row's max did not move its
-    // correction is exactly 1, so the warp skips the multiplies when none of its rows moved: the
-    // common case once a long row has seen its largest scores. The test is warp-uniform.
-    if (__any_sync(0xffffffffu, max_moved)) {
+    if (__any_sync(0xffffffffu, max_moved_)) {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
-        for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= correction_of[r];
+        for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= correction_[r];
       }
-    }
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(scores); ++c) {
-        scores(r, c) = exp2f(scores(r, c) * scale_log2 - max_scaled[r]);
-        sum += scores(r, c);
-      }
-      row_sum[r] += sum;
     }
   }
 
@@ -109,6 +99,49 @@ struct OnlineSoftmax {
       lse[r] = seen ? row_max[r] * scale + __logf(sum) : -INFINITY;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= inv_sum;
+    }
+  }
+
+ private:
+  float max_scaled_[kRows];  // the new row max times scale_log2 (0 for a row that is still empty)
+  float correction_[kRows];  // exp2 of (old max - new max) · scale_log2, for O and the row sum
+  bool max_moved_ = false;
+
+  // The new row maxima; the row sums take their corrections at once, O in rescale_output().
+  template <bool kMayBeEmpty, class Scores>
+  CUTE_DEVICE void advance_max(Scores& scores, float scale_log2) {
+    using namespace cute;
+    static_assert(decltype(size<0>(scores))::value == kRows);
+    max_moved_ = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float tile_max = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
+      tile_max = quad_allreduce(tile_max, MaxOp{});
+      max_scaled_[r] = (kMayBeEmpty && tile_max == -INFINITY) ? 0.f : tile_max * scale_log2;
+      // The first tile has row_max -inf: the correction is exp2(-inf) = 0 on an all-zero acc_o.
+      const float correction = exp2f(row_max[r] * scale_log2 - max_scaled_[r]);
+      max_moved_ |= tile_max != row_max[r];
+      row_max[r] = tile_max;
+      row_sum[r] *= correction;
+      correction_[r] = correction;
+    }
+  }
+
+  // scores -> exp2(s · scale_log2 - max_scaled), summed into the row sums.
+  template <class Scores>
+  CUTE_DEVICE void exponentiate(Scores& scores, float scale_log2) {
+    using namespace cute;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) {
+        scores(r, c) = exp2f(scores(r, c) * scale_log2 - max_scaled_[r]);
+        sum += scores(r, c);
+      }
+      row_sum[r] += sum;
     }
   }
 };

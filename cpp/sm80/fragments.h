@@ -5,7 +5,7 @@
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/numeric_conversion.h>
+#include "common/fragment_convert.h"
 
 namespace fa::sm80 {
 
@@ -33,19 +33,6 @@ CUTE_HOST_DEVICE constexpr auto accumulator_as_a_operand(Layout acc) {
   static_assert(decltype(size<0>(acc))::value == 4 && decltype(rank(acc))::value == 3);
   auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});  // (4, MMA_M, (2, MMA_N / 2))
   return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
-}
-
-// Element-wise conversion of a register fragment (fp32 -> fp16/bf16), two values per instruction,
-// into a new register tensor of the same (compact) layout.
-template <class To, class Engine, class Layout>
-CUTE_DEVICE auto convert_fragment(cute::Tensor<Engine, Layout> const& src) {
-  using From = typename Engine::value_type;
-  constexpr int kSize = decltype(cute::size(src))::value;
-  cutlass::NumericArrayConverter<To, From, kSize> convert;
-  auto dst = cute::make_tensor<To>(src.layout());
-  *reinterpret_cast<cutlass::Array<To, kSize>*>(dst.data()) =
-      convert(*reinterpret_cast<const cutlass::Array<From, kSize>*>(src.data()));
-  return dst;
 }
 
 }  // namespace fa::sm80

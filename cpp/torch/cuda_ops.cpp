@@ -1,6 +1,7 @@
 // The CUDA implementations of the fa ops: argument checks, output allocation, the choice of a
 // kernel (family, dtype, head dim, causal) for the device, and the launch on the current stream.
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -54,12 +55,28 @@ at::Tensor aligned_for_kernels(const at::Tensor& t) {
 
 Strides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
-// The smallest head dim with kernels that is >= head_dim; its tiles zero-fill the columns past D.
-int kernel_head_dim(int64_t head_dim, const char* op) {
+// The kernel families, and which one serves a forward call.
+enum class Family { kSm80, kSm90 };
+
+// The smallest head dim >= head_dim that `family` has kernels for (0: none). Its tiles zero-fill the
+// columns past D.
+int family_head_dim(Family family, int64_t head_dim) {
   int best = 0;
-  for (int d : build_config::kHeadDims) {
-    if (d >= head_dim && (best == 0 || d < best)) best = d;
+  auto consider = [&](int d) {
+    if (d != 0 && d >= head_dim && (best == 0 || d < best)) best = d;
+  };
+  if (family == Family::kSm80) {
+    for (int d : build_config::kHeadDims) consider(d);
+  } else if (build_config::kSm90Forward) {
+    for (int d : build_config::kSm90HeadDims) consider(d);
   }
+  return best;
+}
+
+// The Ampere family's head dim for a call; the binding's checks admit any head dim up to 256, so
+// this fails only for a build with fewer head dims (FA_HEAD_DIMS).
+int kernel_head_dim(int64_t head_dim, const char* op) {
+  const int best = family_head_dim(Family::kSm80, head_dim);
   if (best == 0) {
     std::string built;
     for (int d : build_config::kHeadDims) built += " " + str_of(int64_t(d));
@@ -69,9 +86,36 @@ int kernel_head_dim(int64_t head_dim, const char* op) {
   return best;
 }
 
+// The forward's family: the environment variable FA_KERNEL_FAMILY, read at every call, chooses
+// (sm80, sm90, or auto / unset). auto takes the Hopper family where it can serve the call (an sm90
+// device, a build with 90a, a native head dim >= D) and the Ampere family otherwise.
+Family forward_family(const std::string& arch, int64_t head_dim, const char* op) {
+  const char* env = std::getenv("FA_KERNEL_FAMILY");
+  const std::string want = env ? env : "";
+  const bool sm90_serves = arch == "90a" && family_head_dim(Family::kSm90, head_dim) != 0;
+  if (want == "sm80") return Family::kSm80;
+  if (want == "sm90") {
+    TORCH_CHECK(sm90_serves, op, ": FA_KERNEL_FAMILY=sm90, but the Hopper family cannot serve this call: ",
+                arch != "90a" ? "the device is sm_" + arch + ", not sm_90a"
+                : !build_config::kSm90Forward ? std::string("this build has no Hopper kernels (FA_CUDA_ARCHS lacks 90a)")
+                : "this build has no Hopper kernel for head dim " + str_of(head_dim) + " (FA_HEAD_DIMS)");
+    return Family::kSm90;
+  }
+  TORCH_CHECK(want.empty() || want == "auto", op,
+              ": the environment variable FA_KERNEL_FAMILY must be sm80, sm90 or auto, got '", want, "'");
+  return sm90_serves ? Family::kSm90 : Family::kSm80;
+}
+
+// Whether this build holds kernels of the family for head_dim.
+template <Family kFamily>
+constexpr bool built(int head_dim) {
+  return kFamily == Family::kSm80 ? build_config::has_head_dim(head_dim)
+                                  : build_config::has_sm90_head_dim(head_dim);
+}
+
 // Calls fn(ElementTag{}, integral_constant<head dim>{}, bool_constant<causal>{}) for the runtime
-// choice. Only the combinations this build holds are instantiated.
-template <class Fn>
+// choice. Only the combinations this build holds for the family are instantiated.
+template <Family kFamily, class Fn>
 cudaError_t dispatch(at::ScalarType dtype, int head_dim, bool causal, const char* op, Fn&& fn) {
   auto with_head_dim = [&](auto tag) -> cudaError_t {
     auto with_causal = [&](auto hd) -> cudaError_t {
@@ -80,7 +124,7 @@ cudaError_t dispatch(at::ScalarType dtype, int head_dim, bool causal, const char
     switch (head_dim) {
 #define FA_HEAD_DIM_CASE(D)                                                            \
   case D:                                                                              \
-    if constexpr (build_config::has_head_dim(D)) return with_causal(std::integral_constant<int, D>{}); \
+    if constexpr (built<kFamily>(D)) return with_causal(std::integral_constant<int, D>{});     \
     break;
       FA_HEAD_DIM_CASE(32)
       FA_HEAD_DIM_CASE(64)
@@ -151,10 +195,19 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q_in, const at
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const cudaError_t err = dispatch(
-      q.scalar_type(), kernel_head_dim(s.head_dim, op), causal, op, [&](auto tag, auto hd, auto c) {
-        return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
-      });
+  cudaError_t err;
+  if (forward_family(device_arch(q), s.head_dim, op) == Family::kSm90) {
+    err = dispatch<Family::kSm90>(
+        q.scalar_type(), family_head_dim(Family::kSm90, s.head_dim), causal, op,
+        [&](auto tag, auto hd, auto c) {
+          return sm90::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+        });
+  } else {
+    err = dispatch<Family::kSm80>(
+        q.scalar_type(), kernel_head_dim(s.head_dim, op), causal, op, [&](auto tag, auto hd, auto c) {
+          return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+        });
+  }
   if (err != cudaSuccess) raise_launch_error(err, q, op);
   return {o.out, o.lse};
 }
@@ -205,7 +258,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   p.head_dim_rounded = kernel_hd;
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const cudaError_t err = dispatch(q.scalar_type(), kernel_hd, causal, op, [&](auto tag, auto hd, auto c) {
+  const cudaError_t err = dispatch<Family::kSm80>(q.scalar_type(), kernel_hd, causal, op, [&](auto tag, auto hd, auto c) {
     return sm80::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
   });
   if (err != cudaSuccess) raise_launch_error(err, q, op);

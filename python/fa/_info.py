@@ -4,9 +4,13 @@ from typing import Any, Dict, List
 
 import torch
 
+import os
+
 _FAMILY_DESCRIPTIONS = {
     "sm80": "Ampere family (mma.sync, cp.async, ldmatrix)",
+    "sm90": "Hopper family (wgmma, TMA, warp specialisation)",
 }
+FAMILY_ENV = "FA_KERNEL_FAMILY"  # sm80 | sm90 | auto: the forward's family, read at every call
 
 
 def _split(value: str) -> List[str]:
@@ -26,8 +30,25 @@ def arch_runs_on(arch: str, capability) -> bool:
     return capability[0] == major and capability[1] >= minor
 
 
+def families_for(kernels: List[List[str]], archs: List[str], capability) -> List[str]:
+    """The kernel families of a build that can run on a device of ``capability``: the Ampere family
+    wherever one of the build's archs runs; the Hopper family (sm90a only) on compute capability 9.0."""
+    families = []
+    if any(row[0] == "sm80" for row in kernels) and any(arch_runs_on(a, capability) for a in archs):
+        families.append("sm80")
+    if any(row[0] == "sm90" for row in kernels) and "90a" in archs and tuple(capability) == (9, 0):
+        families.append("sm90")
+    return families
+
+
 def build_info() -> Dict[str, Any]:
-    """Returns what this build of fa contains, and which kernel family serves the current GPU."""
+    """Returns what this build of fa contains, and which kernel family serves the current GPU.
+
+    ``device_kernel_families`` lists the families that can run on the current GPU;
+    ``device_kernel_family`` is the one that serves the forward by default (the Hopper family where
+    it can, for head dims up to its largest native one), or the one FA_KERNEL_FAMILY forces. The
+    backward runs on the Ampere family on every GPU.
+    """
     from . import __version__
 
     try:
@@ -46,18 +67,25 @@ def build_info() -> Dict[str, Any]:
         "head_dims": [int(d) for d in _split(cfg.head_dims)] if cfg else [],
         "dtypes": _split(cfg.dtypes) if cfg else [],
         "kernels": [f"{family} {direction}" for family, direction, *_ in kernels],
+        "kernel_families": sorted({family for family, *_ in kernels}),
+        "sm90_head_dims": [int(d) for d in _split(getattr(cfg, "sm90_head_dims", ""))] if cfg else [],
         "lineinfo": bool(cfg) and cfg.lineinfo.upper() in ("ON", "TRUE", "1"),
         "device": None,
         "device_kernel_family": None,
+        "device_kernel_families": [],
+        "kernel_family_setting": os.environ.get(FAMILY_ENV, "auto") or "auto",
     }
     if cfg and not cfg.cuda_version:
         info["no_cuda_reason"] = cfg.no_cuda_reason
     if torch.cuda.is_available():
         capability = torch.cuda.get_device_capability()
         info["device"] = f"{torch.cuda.get_device_name()} (sm_{capability[0]}{capability[1]})"
-        families = sorted({family for family, *_ in kernels})
-        if any(arch_runs_on(arch, capability) for arch in archs) and families:
-            info["device_kernel_family"] = _FAMILY_DESCRIPTIONS.get(families[0], families[0])
+        families = families_for(kernels, archs, capability)
+        info["device_kernel_families"] = families
+        if families:
+            setting = info["kernel_family_setting"]
+            chosen = setting if setting in families else families[-1]
+            info["device_kernel_family"] = f"{chosen}: {_FAMILY_DESCRIPTIONS[chosen]}"
         else:
             info["device_kernel_family"] = (
                 f"none: this build has kernels for {archs or 'no GPU'}; rebuild with "

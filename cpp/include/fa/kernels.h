@@ -23,4 +23,12 @@ cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);
 inline constexpr int kBackwardRowPadding = 128;
 
 }  // namespace sm80
+
+namespace sm90 {
+
+// Hopper family (wgmma, TMA, warp specialisation): sm90a only. Native head dims 64, 128, 256.
+template <class ElementTag, int kHeadDim, bool kCausal>
+cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
+
+}  // namespace sm90
 }  // namespace fa

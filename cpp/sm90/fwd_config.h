@@ -1,0 +1,99 @@
+// The Hopper-family forward's configuration: tile shape, shared-memory layouts, the two wgmma
+// GEMMs, the register split between producer and consumers, and the shared-memory plan.
+#pragma once
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+namespace fa::sm90 {
+
+// Shared memory one CTA may use on sm90 (227 KB).
+inline constexpr int kMaxSmemBytes = 232448;
+
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+struct ForwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // query rows of a tile: 64 per consumer warpgroup
+  static constexpr int kBlockN = kBlockN_;  // keys per step
+  static constexpr int kStages = kStages_;  // K and V buffers each
+
+  static constexpr int kMmaWarpgroups = kBlockM / 64;
+  static constexpr int kMmaThreads = kMmaWarpgroups * 128;
+  static constexpr int kThreads = kMmaThreads + 128;  // + the producer warpgroup (one warp loads)
+  // setmaxnreg: the producer warpgroup gives registers to the consumers (64K registers a CTA).
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kMmaRegisters = 240;
+  static_assert(kMmaWarpgroups == 2, "written for two consumer warpgroups (ping-pong)");
+  static_assert(kProducerRegisters * 128 + kMmaRegisters * kMmaThreads <= 65536);
+
+  using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
+  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>;
+
+  // Rows of 64 elements (128 bytes) in the 128-byte swizzle that wgmma and TMA both read
+  // without bank conflicts; the head dim is a multiple of 64.
+  static_assert(kHeadDim % 64 == 0);
+  using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, TileQ{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  // V as the B operand of O += P V: (head dim, keys), the same bytes read with head dim as the
+  // contiguous (MN-major) mode.
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_ordered_layout(
+                          cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
+                          cute::Step<cute::_2, cute::_1, cute::_3>{})));
+
+  // S = Q Kᵀ with both operands from shared memory; O += P V with P from registers. Each consumer
+  // warpgroup owns 64 rows of the tile.
+  using MmaWarpgroups = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
+  using TiledMmaS = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
+      MmaWarpgroups{}));
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      MmaWarpgroups{}));
+
+  using KVPipeline = cutlass::PipelineTmaAsync<kStages>;
+
+  static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kQElems = decltype(cute::cosize(SmemLayoutQ{}))::value;
+  static constexpr int kKVElems = decltype(cute::cosize(SmemLayoutKV{}))::value;
+
+  // The output tile is staged in shared memory for its TMA store. Where Q, the K/V stages and a
+  // separate output tile fit, it has its own buffer (the next tile's Q can load while this one's
+  // output is written); otherwise it reuses Q's, which is free once the last S = Q Kᵀ is done.
+  static constexpr bool kOutputAliasesQ =
+      2 * kQBytes + 2 * kStages * kKVTileBytes + 1024 > kMaxSmemBytes;
+
+  struct Empty {};
+  struct SharedStorage {
+    cute::array_aligned<Element, kQElems, 1024> q;
+    cute::array_aligned<Element, kKVElems, 1024> k;
+    cute::array_aligned<Element, kKVElems, 1024> v;
+    std::conditional_t<kOutputAliasesQ, Empty, cute::array_aligned<Element, kQElems, 1024>> o;
+    typename KVPipeline::SharedStorage pipeline_k;
+    typename KVPipeline::SharedStorage pipeline_v;
+    uint64_t q_full;  // transaction barrier of the Q tile
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= kMaxSmemBytes, "tile does not fit in shared memory");
+
+  CUTE_DEVICE static Element* output_buffer(SharedStorage& s) {
+    if constexpr (kOutputAliasesQ) {
+      return s.q.data();
+    } else {
+      return s.o.data();
+    }
+  }
+};
+
+}  // namespace fa::sm90

@@ -1,0 +1,111 @@
+// The epilogue of the Hopper-family forward: the output tile and the row log-sum-exps.
+//
+// lse goes from registers straight to global memory (one lane per row). O is converted to
+// fp16/bf16, written to shared memory with stmatrix in the layout the TMA reads, and stored by one
+// TMA (rows past the query's end and columns past the head dim are clipped by the copy engine).
+// The two consumer warpgroups meet at the kEpilogue barrier before the store is issued; where O is
+// staged in Q's buffer, the producer may load the next Q only after the store has read it.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "fa/params.h"
+#include "sm90/fragments.h"
+#include "sm90/named_barriers.h"
+#include "sm90/tile_scheduler.h"
+
+namespace fa::sm90 {
+
+template <class Config>
+struct ForwardEpilogue {
+  using Element = typename Config::Element;
+  static constexpr int kBlockM = Config::kBlockM;
+
+  // (row, column) within the tile of each accumulator element of this thread, as rows × columns.
+  CUTE_DEVICE static auto output_coords(int mma_tid) {
+    using namespace cute;
+    typename Config::TiledMmaO mma_o;
+    return rowcol_view(mma_o.get_thread_slice(mma_tid).partition_C(
+        make_identity_tensor(typename Config::TileQ{})));
+  }
+
+  template <int kRows>
+  CUTE_DEVICE static void store_lse(const ForwardParams& p, int mma_tid, const WorkTile& w,
+                                    const float (&row_lse)[kRows]) {
+    using namespace cute;
+    auto coords = output_coords(mma_tid);
+    static_assert(decltype(size<0>(coords))::value == kRows);
+    if (get<1>(coords(0, 0)) != 0) return;  // the lane holding column 0 of its rows writes them
+    const int rows_left = p.seqlen_q - w.m_block * kBlockM;
+    float* lse = p.lse + w.batch * p.lse_batch_stride + w.head * p.lse_head_stride + w.m_block * kBlockM;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(coords(r, 0));
+      if (row < rows_left) lse[row] = row_lse[r];
+    }
+  }
+
+  template <class Params, class Storage, class AccO, int kRows>
+  CUTE_DEVICE static void store(Params const& params, Storage& smem, int mma_tid, const WorkTile& w,
+                                AccO const& acc_o, const float (&row_lse)[kRows]) {
+    using namespace cute;
+    const ForwardParams& p = params.attn;
+    store_lse(p, mma_tid, w, row_lse);
+
+    Tensor sO = make_tensor(make_smem_ptr(Config::output_buffer(smem)), typename Config::SmemLayoutQ{});
+    if constexpr (!Config::kOutputAliasesQ) {
+      // The previous tile's store must have read the buffer before it is written again.
+      if (mma_tid == 0) tma_store_wait<0>();
+      barrier_sync(ForwardBarrier::kEpilogue, Config::kMmaThreads);
+    }
+    typename Config::TiledMmaO mma_o;
+    Tensor rO = convert_fragment<Element>(acc_o);
+    auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
+    auto thr_copy = copy_o.get_thread_slice(mma_tid);
+    copy(copy_o, thr_copy.retile_S(rO), thr_copy.partition_D(sO));
+    // stmatrix writes through the generic proxy, the TMA store reads through the async proxy.
+    cutlass::arch::fence_view_async_shared();
+    barrier_sync(ForwardBarrier::kEpilogue, Config::kMmaThreads);
+    if (mma_tid == 0) {
+      Tensor mO = params.tma_o.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
+      Tensor gO = local_tile(mO(_, _, w.head, w.batch), typename Config::TileQ{},
+                             make_coord(w.m_block, _0{}));
+      auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
+                                        group_modes<0, 2>(gO));
+      copy(params.tma_o, tOsO, tOgO);
+      tma_store_arrive();
+      if constexpr (Config::kOutputAliasesQ) tma_store_wait<0>();
+    }
+    if constexpr (Config::kOutputAliasesQ) {
+      barrier_arrive(ForwardBarrier::kQueryEmpty, Config::kMmaThreads + 32);
+    }
+  }
+
+  // A tile none of whose rows sees a key (causal with seqlen_q > seqlen_k): output 0, lse -inf,
+  // written straight to global memory (rare; shared memory may hold the next tile's Q).
+  template <int kRows>
+  CUTE_DEVICE static void store_empty(const ForwardParams& p, int mma_tid, const WorkTile& w) {
+    using namespace cute;
+    float row_lse[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) row_lse[r] = -INFINITY;
+    store_lse(p, mma_tid, w, row_lse);
+    auto coords = output_coords(mma_tid);
+    const int rows_left = p.seqlen_q - w.m_block * kBlockM;
+    Element* out = static_cast<Element*>(p.out) + w.batch * p.out_stride.batch +
+                   w.head * p.out_stride.head + int64_t(w.m_block) * kBlockM * p.out_stride.row;
+    CUTE_UNROLL
+    for (int i = 0; i < size(coords); ++i) {
+      const int row = get<0>(coords(i)), col = get<1>(coords(i));
+      if (row < rows_left && col < p.head_dim) out[row * p.out_stride.row + col] = Element(0.f);
+    }
+  }
+
+  // Before the CTA exits: the last TMA store must have read shared memory.
+  CUTE_DEVICE static void finish(int mma_tid) {
+    if (mma_tid == 0) cute::tma_store_wait<0>();
+  }
+};
+
+}  // namespace fa::sm90

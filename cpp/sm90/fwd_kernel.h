@@ -1,0 +1,112 @@
+// The Hopper-family forward kernel: FlashAttention on wgmma, TMA and warp specialisation.
+//
+// Algorithm: as in the Ampere family (sm80/fwd_kernel.h), one query tile of kBlockM rows walks the
+// key tiles it can see from the last to the first with the online softmax; S and P stay in
+// registers. What Hopper changes is who does what:
+//
+//   warpgroup 0, warp 0   producer (fwd_load.h): TMA loads of Q, and of K and V through two
+//                         kStages-deep mbarrier pipelines. 24 registers a thread (setmaxnreg).
+//   warpgroups 1 and 2    consumers (fwd_mainloop.h): 64 query rows each; S = Q Kᵀ and O += P V on
+//                         wgmma, the softmax in between, taking turns at the tensor cores
+//                         (ping-pong) and overlapping each tile's softmax with the previous tile's
+//                         O GEMM. 240 registers a thread. Then the epilogue (fwd_epilogue.h).
+//
+// The grid is persistent: about one CTA per SM, each walking its share of the work tiles in the
+// scheduler's order (tile_scheduler.h: longest first for causal, heads grouped so K and V stay in
+// L2). Synchronisation: q_full (TMA transaction barrier) hands Q to the consumers; the K and V
+// pipelines' full/empty barriers hand each buffer back and forth; kQueryEmpty tells the producer
+// that Q's buffer is free for the next tile; named barriers order the ping-pong and the epilogue
+// (named_barriers.h).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "common/attention_mask.h"
+#include "common/online_softmax.h"
+#include "fa/params.h"
+#include "sm90/fwd_epilogue.h"
+#include "sm90/fwd_load.h"
+#include "sm90/fwd_mainloop.h"
+#include "sm90/tile_scheduler.h"
+
+namespace fa::sm90 {
+
+// What the kernel receives: the attention problem, the scheduler's order, and the TMA descriptors
+// (built on the host from the real strides; passed by value as __grid_constant__).
+template <class TmaQ, class TmaK, class TmaV, class TmaO>
+struct ForwardKernelParams {
+  ForwardParams attn;
+  TileScheduler::Params scheduler;
+  TmaQ tma_q;
+  TmaK tma_k;
+  TmaV tma_v;
+  TmaO tma_o;
+};
+
+template <class Config, bool kCausal, class Params>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    forward_kernel(const __grid_constant__ Params params) {
+  using namespace cute;
+  using KVPipeline = typename Config::KVPipeline;
+  using Storage = typename Config::SharedStorage;
+  extern __shared__ char smem_raw[];
+  Storage& smem = *reinterpret_cast<Storage*>(smem_raw);
+  const ForwardParams& p = params.attn;
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+
+  if (warp == 0 && elect_one_sync()) {
+    cutlass::arch::ClusterTransactionBarrier::init(&smem.q_full, 1);
+  }
+  typename KVPipeline::Params pipeline_params;
+  pipeline_params.transaction_bytes = Config::kKVTileBytes;
+  pipeline_params.role = warpgroup == 0 ? KVPipeline::ThreadCategory::Producer
+                                        : KVPipeline::ThreadCategory::Consumer;
+  pipeline_params.is_leader = threadIdx.x == 0;
+  pipeline_params.num_consumers = Config::kMmaThreads;
+  KVPipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+  KVPipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+  __syncthreads();  // barriers initialised before any role uses them
+
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+    if (warp == 0) ForwardLoad<Config, kCausal>::run(params, smem, pipeline_k, pipeline_v);
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
+  using Mainloop = ForwardMainloop<Config, kCausal>;
+  using Epilogue = ForwardEpilogue<Config>;
+  const int mma_tid = threadIdx.x - 128;
+  const WarpgroupTurns<Config::kMmaWarpgroups> turns(warpgroup - 1);
+  typename KVPipeline::PipelineState k_state, v_state;
+  typename Config::TiledMmaO mma_o;
+  Tensor acc_o = partition_fragment_C(mma_o, typename Config::TileQ{});
+  constexpr int kRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
+  const AttentionMask<kCausal> mask(p.seqlen_q, p.seqlen_k);
+
+  int q_loads = 0;
+  for (int t = blockIdx.x; t < params.scheduler.total; t += gridDim.x) {
+    const WorkTile w = TileScheduler::tile(params.scheduler, t);
+    const int row_end = min((w.m_block + 1) * Config::kBlockM, p.seqlen_q);
+    const int n_blocks = mask.visible_tiles(row_end, Config::kBlockN);
+    if (n_blocks == 0) {
+      Epilogue::template store_empty<kRows>(p, mma_tid, w);
+      continue;
+    }
+    cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_loads++ & 1);
+    OnlineSoftmax<kRows> softmax;
+    Mainloop::run(p, smem, pipeline_k, pipeline_v, k_state, v_state, turns, mma_tid, w, n_blocks,
+                  acc_o, softmax);
+    float row_lse[kRows];
+    auto out_rows = rowcol_view(acc_o);
+    softmax.finalize(out_rows, p.scale, row_lse);
+    Epilogue::store(params, smem, mma_tid, w, acc_o, row_lse);
+  }
+  Epilogue::finish(mma_tid);
+}
+
+}  // namespace fa::sm90

@@ -1,0 +1,94 @@
+// Host-side launcher of the Hopper-family forward: the tile each head dim runs with, the TMA
+// descriptors, the persistent grid and the shared-memory opt-in.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+
+#include "common/element.h"
+#include "fa/kernels.h"
+#include "sm90/fwd_config.h"
+#include "sm90/fwd_kernel.h"
+#include "sm90/tile_scheduler.h"
+
+namespace fa::sm90 {
+
+// Tiles per head dim (query rows × keys per step, K/V stages). Starting points from
+// ../shared/HOPPER_NOTES.md and benchmarks/NOTES.md (Hopper family): 128 rows = two consumer
+// warpgroups of 64. At D = 256, 128 × 80 with two stages fills shared memory (the output tile
+// then reuses Q's buffer).
+template <int kHeadDim>
+struct ForwardTile;
+template <> struct ForwardTile<64>  { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
+template <> struct ForwardTile<128> { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
+template <> struct ForwardTile<256> { static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2; };
+
+template <class Element, int kHeadDim>
+using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTile<kHeadDim>::kBlockM,
+                                       ForwardTile<kHeadDim>::kBlockN, ForwardTile<kHeadDim>::kStages>;
+
+// A (B, H, S, D) tensor as TMA sees it: (S, D, H, B), D contiguous. A mode of extent 1 is never
+// stepped along, so its stride (which the caller may leave at any value) is replaced by one TMA
+// accepts (a multiple of 16 bytes).
+template <class Element, class Pointer>
+auto tma_view(Pointer ptr, Strides s, int seqlen, int head_dim, int heads, int batch) {
+  using namespace cute;
+  auto usable = [](int64_t stride, int extent) { return extent > 1 ? stride : int64_t(8); };
+  return make_tensor(make_gmem_ptr(ptr), make_shape(seqlen, head_dim, heads, batch),
+                     make_stride(usable(s.row, seqlen), _1{}, usable(s.head, heads),
+                                 usable(s.batch, batch)));
+}
+
+template <class Config, bool kCausal>
+cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
+  using namespace cute;
+  using Element = typename Config::Element;
+  const auto* q = static_cast<const Element*>(p.q);
+  const auto* k = static_cast<const Element*>(p.k);
+  const auto* v = static_cast<const Element*>(p.v);
+  auto* out = static_cast<Element*>(p.out);
+  auto kv_stage = take<0, 2>(typename Config::SmemLayoutKV{});
+  auto tma_q = make_tma_copy(SM90_TMA_LOAD{},
+                             tma_view<Element>(q, p.q_stride, p.seqlen_q, p.head_dim, p.heads_q, p.batch),
+                             typename Config::SmemLayoutQ{}, typename Config::TileQ{}, _1{});
+  auto tma_k = make_tma_copy(SM90_TMA_LOAD{},
+                             tma_view<Element>(k, p.k_stride, p.seqlen_k, p.head_dim, p.heads_kv, p.batch),
+                             kv_stage, typename Config::TileKV{}, _1{});
+  auto tma_v = make_tma_copy(SM90_TMA_LOAD{},
+                             tma_view<Element>(v, p.v_stride, p.seqlen_k, p.head_dim, p.heads_kv, p.batch),
+                             kv_stage, typename Config::TileKV{}, _1{});
+  auto tma_o = make_tma_copy(SM90_TMA_STORE{},
+                             tma_view<Element>(out, p.out_stride, p.seqlen_q, p.head_dim, p.heads_q, p.batch),
+                             typename Config::SmemLayoutQ{}, typename Config::TileQ{}, _1{});
+
+  int device = 0, sms = 0, l2_bytes = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
+  if (err != cudaSuccess) return err;
+
+  using Params = ForwardKernelParams<decltype(tma_q), decltype(tma_k), decltype(tma_v), decltype(tma_o)>;
+  const int m_blocks = (p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
+  const int64_t kv_bytes_per_head = 2 * int64_t(p.seqlen_k) * p.head_dim * sizeof(Element);
+  Params params{p,
+                TileScheduler::make_params(m_blocks, p.heads_q, p.batch, kCausal, kv_bytes_per_head, l2_bytes),
+                tma_q, tma_k, tma_v, tma_o};
+
+  auto kernel = &forward_kernel<Config, kCausal, Params>;
+  constexpr int kSmem = Config::kSmemBytes;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  const int grid = TileScheduler::grid_size(params.scheduler, sms);
+  kernel<<<grid, Config::kThreads, kSmem, stream>>>(params);
+  return cudaGetLastError();
+}
+
+template <class ElementTag, int kHeadDim, bool kCausal>
+cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
+  return launch_forward<ForwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim>, kCausal>(params, stream);
+}
+
+}  // namespace fa::sm90

@@ -1,0 +1,121 @@
+// The consumers of the Hopper-family forward: one query tile's attention on wgmma.
+//
+// Each consumer warpgroup owns 64 rows of the tile and walks the key tiles it can see from the last
+// to the first (the few that need a mask come first). For key tile n:
+//   S = Q K[n]ᵀ        wgmma, both operands in shared memory, fp32 accumulator in registers
+//   softmax(S)         online: running row max and sum (common/online_softmax.h), P in registers
+//   O += P V[n]        wgmma with P from registers (converted to fp16/bf16 in place)
+// Overlap inside a warpgroup: step n issues S[n] = Q K[n]ᵀ and O += P[n+1] V[n+1] back to back and
+// runs the softmax of S[n] while O's GEMM is still on the tensor cores; O is rescaled once that GEMM
+// is done. Overlap between the two warpgroups (ping-pong): each issues its GEMMs only on its turn
+// (named_barriers.h), so while one computes its softmax the other's GEMMs fill the tensor cores.
+// K and V buffers are released to the producer as soon as the GEMM reading them has completed.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/attention_mask.h"
+#include "common/online_softmax.h"
+#include "fa/params.h"
+#include "sm90/fragments.h"
+#include "sm90/named_barriers.h"
+#include "sm90/tile_scheduler.h"
+#include "sm90/wgmma.h"
+
+namespace fa::sm90 {
+
+template <class Config, bool kCausal>
+struct ForwardMainloop {
+  using Element = typename Config::Element;
+  using KVPipeline = typename Config::KVPipeline;
+  using PipelineState = typename KVPipeline::PipelineState;
+  static constexpr int kBlockM = Config::kBlockM;
+  static constexpr int kBlockN = Config::kBlockN;
+
+  // Runs the key tiles [0, n_blocks) of work tile w into acc_o (cleared here) and softmax (fresh).
+  // Q must be in shared memory (the caller waited on q_full).
+  template <class Storage, class AccO, class Softmax>
+  CUTE_DEVICE static void run(const ForwardParams& p, Storage& smem, KVPipeline& pipeline_k,
+                              KVPipeline& pipeline_v, PipelineState& k_state, PipelineState& v_state,
+                              WarpgroupTurns<Config::kMmaWarpgroups> const& turns, int mma_tid,
+                              const WorkTile& w, int n_blocks, AccO& acc_o, Softmax& softmax) {
+    using namespace cute;
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutVt{});
+
+    typename Config::TiledMmaS mma_s;
+    auto thr_s = mma_s.get_thread_slice(mma_tid);
+    Tensor tSrQ = thr_s.partition_fragment_A(sQ);  // wgmma descriptors (MMA, MMA_M, MMA_K)
+    Tensor tSrK = thr_s.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_K, stages)
+    typename Config::TiledMmaO mma_o;
+    auto thr_o = mma_o.get_thread_slice(mma_tid);
+    Tensor tOrVt = thr_o.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
+
+    Tensor acc_s = partition_fragment_C(mma_s, typename Config::TileS{});
+    Tensor tScS = thr_s.partition_C(make_identity_tensor(typename Config::TileS{}));
+    Tensor probs = make_tensor<Element>(acc_s.layout());
+    Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(acc_s.layout()));
+
+    const AttentionMask<kCausal> mask(p.seqlen_q, p.seqlen_k);
+    const int row0 = w.m_block * kBlockM;
+    const int first_masked = mask.first_masked_tile(row0, kBlockN);
+    // The softmax of S = Q K[n]ᵀ in acc_s; P lands in probs (tOrP).
+    auto softmax_of = [&](int n) {
+      auto scores = rowcol_view(acc_s);
+      if (n >= first_masked) {
+        mask.apply(acc_s, tScS, row0, n * kBlockN);
+        softmax.template rescale_scores<kCausal>(scores, p.scale_log2);
+      } else {
+        softmax.template rescale_scores<false>(scores, p.scale_log2);
+      }
+    };
+    auto s_gemm = [&]() {
+      pipeline_k.consumer_wait(k_state);
+      gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+    };
+    auto o_gemm = [&]() {
+      pipeline_v.consumer_wait(v_state);
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_o, tOrP, tOrVt(_, _, _, v_state.index()), acc_o);
+    };
+    auto release = [](KVPipeline& pipeline, PipelineState& state) {
+      pipeline.consumer_release(state);
+      ++state;
+    };
+
+    clear(acc_o);
+    int n = n_blocks - 1;
+    turns.wait();
+    s_gemm();
+    turns.pass();
+    gemm_wait<0>(acc_s);
+    release(pipeline_k, k_state);
+    softmax_of(n);
+    probs = convert_fragment<Element>(acc_s);
+
+    for (--n; n >= 0; --n) {
+      turns.wait();
+      s_gemm();  // S[n] = Q K[n]ᵀ ...
+      o_gemm();  // ... and O += P[n+1] V[n+1] behind it
+      turns.pass();
+      gemm_wait<1>(acc_s);  // S[n] done; O's GEMM may still run
+      release(pipeline_k, k_state);
+      softmax_of(n);
+      gemm_wait<0>(acc_o);
+      release(pipeline_v, v_state);
+      auto out_rows = rowcol_view(acc_o);
+      softmax.rescale_output(out_rows);
+      probs = convert_fragment<Element>(acc_s);
+    }
+    // Every S = Q Kᵀ of this tile is done: Q's buffer may take the next tile (unless the output
+    // tile is staged in it).
+    if constexpr (!Config::kOutputAliasesQ) {
+      barrier_arrive(ForwardBarrier::kQueryEmpty, Config::kMmaThreads + 32);
+    }
+    o_gemm();
+    gemm_wait<0>(acc_o);
+    release(pipeline_v, v_state);
+  }
+};
+
+}  // namespace fa::sm90

@@ -1,0 +1,42 @@
+// Issuing a warpgroup's GEMM on wgmma, asynchronously.
+//
+// wgmma runs in the background: gemm_async() issues the instructions of one GEMM (all its K slices)
+// as one commit group and returns; warpgroup_wait<N>() later blocks until at most N groups are in
+// flight. Until then the accumulator (and a register A operand) belong to the tensor cores: the
+// operand fences keep the compiler from moving reads or writes of those registers across the
+// issue.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+namespace fa::sm90 {
+
+// acc (=|+=) A · B. kZeroInit: acc = A · B (the wgmma scale-out of 0 on the first K slice).
+// kRegisterA: A is a register fragment (else, like B, wgmma descriptors of shared memory).
+template <bool kZeroInit, bool kRegisterA, class TiledMma, class TA, class TB, class TC>
+CUTE_DEVICE void gemm_async(TiledMma& mma, TA& a, TB const& b, TC& acc) {
+  using namespace cute;
+  if constexpr (kRegisterA) warpgroup_fence_operand(a);
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    gemm(mma, a(_, _, k), b(_, _, k), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(acc);
+  if constexpr (kRegisterA) warpgroup_fence_operand(a);
+}
+
+// Blocks until at most kInFlight of this warpgroup's GEMMs are still running; acc is then safe to
+// read if its GEMM was issued before the newest kInFlight ones.
+template <int kInFlight, class TC>
+CUTE_DEVICE void gemm_wait(TC& acc) {
+  cute::warpgroup_wait<kInFlight>();
+  cute::warpgroup_fence_operand(acc);
+}
+
+}  // namespace fa::sm90
