@@ -16,6 +16,7 @@ Build with -C cmake.define.FA_LINEINFO=ON to map the report's source view onto t
 import argparse
 import csv
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 NVTX_RANGE = "fa"  # labels the measured call in the report's NVTX view
-IMPLS = ("fa", "flash", "cudnn")
+IMPLS = ["fa", "fa-sm90", "fa-sm80", "fa3", "flash", "cudnn"]
 
 # Nsight Compute metrics of the summary: (label, metric or alternatives, format). Values arrive
 # in canonical units (see CANONICAL): durations in seconds, sizes in bytes.
@@ -91,7 +92,9 @@ def worker(args) -> int:
     dtype = getattr(torch, args.dtype)
     q, k, v = (torch.randn(args.shape, device="cuda", dtype=dtype) for _ in range(3))
     dout = torch.randn(args.shape, device="cuda", dtype=dtype)
-    if args.impl == "fa":
+    if args.impl.startswith("fa-"):  # fa with its forward's kernel family forced
+        os.environ["FA_KERNEL_FAMILY"] = args.impl[3:]
+    if args.impl.startswith("fa") and args.impl != "fa3":
         import fa
 
         out, lse = torch.ops.fa.forward(q, k, v, None, args.causal)
@@ -101,6 +104,19 @@ def worker(args) -> int:
                 fa.attention(q, k, v, causal=args.causal)
             else:
                 torch.ops.fa.backward(dout, q, k, v, out, lse, None, args.causal)
+    elif args.impl == "fa3":  # FlashAttention-3 (flash_attn_interface on PYTHONPATH), (B, S, H, D) views
+        from flash_attn_interface import flash_attn_func
+
+        q3, k3, v3 = (t.transpose(1, 2).requires_grad_(args.mode == "bwd") for t in (q, k, v))
+        out = flash_attn_func(q3, k3, v3, causal=args.causal)
+        out = out[0] if isinstance(out, tuple) else out
+
+        def run():
+            if args.mode == "fwd":
+                with torch.no_grad():
+                    flash_attn_func(q3, k3, v3, causal=args.causal)
+            else:
+                out.backward(dout.transpose(1, 2), retain_graph=True)
     else:
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -168,7 +184,7 @@ def is_main_kernel(name):
     if "convert" in name or "dot_do_o" in name or "preprocess" in name:
         return False
     return any(key in name for key in ("forward_kernel", "backward_kernel", "flash_fwd", "flash_bwd", "sdpa", "fprop",
-                                       "bprop"))
+                                       "bprop", "FlashAttnFwd", "FlashAttnBwd"))
 
 
 def summarize(rows, flops):

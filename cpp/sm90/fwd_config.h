@@ -39,6 +39,11 @@ struct ForwardConfig {
   static_assert(kHeadDim % 64 == 0);
   using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, TileQ{}));
+  // The output tile has Q's layout; each consumer warpgroup stores its 64 rows on its own, so the
+  // TMA store sees one 64-row half of that layout.
+  using TileOWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDim>>;
+  using SmemLayoutOWarpgroup = decltype(cute::composition(
+      SmemLayoutQ{}, cute::make_layout(TileOWarpgroup{}, cute::Stride<cute::_1, cute::Int<kBlockM>>{})));
   using SmemLayoutKV = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
   // V as the B operand of O += P V: (head dim, keys), the same bytes read with head dim as the
@@ -60,6 +65,13 @@ struct ForwardConfig {
                                  cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       MmaWarpgroups{}));
+
+  // One warpgroup's share of O += P V: the same per-thread accumulator layout as TiledMmaO, over
+  // 64 rows (the epilogue partitions one warpgroup's half of the output tile with it).
+  using TiledMmaOWarpgroup = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
   using KVPipeline = cutlass::PipelineTmaAsync<kStages>;
 
@@ -83,6 +95,7 @@ struct ForwardConfig {
     typename KVPipeline::SharedStorage pipeline_k;
     typename KVPipeline::SharedStorage pipeline_v;
     uint64_t q_full;  // transaction barrier of the Q tile
+    int next_tile;    // dynamic scheduling: the producer's hand-over of the next tile index
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kMaxSmemBytes, "tile does not fit in shared memory");

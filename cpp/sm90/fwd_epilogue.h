@@ -1,10 +1,11 @@
 // The epilogue of the Hopper-family forward: the output tile and the row log-sum-exps.
 //
 // lse goes from registers straight to global memory (one lane per row). O is converted to
-// fp16/bf16, written to shared memory with stmatrix in the layout the TMA reads, and stored by one
-// TMA (rows past the query's end and columns past the head dim are clipped by the copy engine).
-// The two consumer warpgroups meet at the kEpilogue barrier before the store is issued; where O is
-// staged in Q's buffer, the producer may load the next Q only after the store has read it.
+// fp16/bf16, written to shared memory with stmatrix in the layout the TMA reads, and stored by TMA
+// (rows past the query's end and columns past the head dim are clipped by the copy engine). Each
+// consumer warpgroup stores its own 64 rows, synchronising only its own threads (the kEpilogue + w
+// barrier), so neither waits for the other's last step. Where O is staged in Q's buffer, the
+// producer may load the next Q only after both halves' stores have read it.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -53,24 +54,28 @@ struct ForwardEpilogue {
     const ForwardParams& p = params.attn;
     store_lse(p, mma_tid, w, row_lse);
 
-    Tensor sO = make_tensor(make_smem_ptr(Config::output_buffer(smem)), typename Config::SmemLayoutQ{});
+    const int warpgroup = mma_tid / 128;
+    const bool issuer = mma_tid % 128 == 0;  // the thread of this warpgroup that issues its stores
+    Tensor sO = local_tile(
+        make_tensor(make_smem_ptr(Config::output_buffer(smem)), typename Config::SmemLayoutQ{}),
+        typename Config::TileOWarpgroup{}, make_coord(warpgroup, _0{}));  // this warpgroup's rows
     if constexpr (!Config::kOutputAliasesQ) {
       // The previous tile's store must have read the buffer before it is written again.
-      if (mma_tid == 0) tma_store_wait<0>();
-      barrier_sync(ForwardBarrier::kEpilogue, Config::kMmaThreads);
+      if (issuer) tma_store_wait<0>();
+      barrier_sync(ForwardBarrier::kEpilogue, 128, warpgroup);
     }
-    typename Config::TiledMmaO mma_o;
+    typename Config::TiledMmaOWarpgroup mma_o;
     Tensor rO = convert_fragment<Element>(acc_o);
     auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
-    auto thr_copy = copy_o.get_thread_slice(mma_tid);
+    auto thr_copy = copy_o.get_thread_slice(mma_tid % 128);
     copy(copy_o, thr_copy.retile_S(rO), thr_copy.partition_D(sO));
     // stmatrix writes through the generic proxy, the TMA store reads through the async proxy.
     cutlass::arch::fence_view_async_shared();
-    barrier_sync(ForwardBarrier::kEpilogue, Config::kMmaThreads);
-    if (mma_tid == 0) {
+    barrier_sync(ForwardBarrier::kEpilogue, 128, warpgroup);
+    if (issuer) {
       Tensor mO = params.tma_o.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
-      Tensor gO = local_tile(mO(_, _, w.head, w.batch), typename Config::TileQ{},
-                             make_coord(w.m_block, _0{}));
+      Tensor gO = local_tile(mO(_, _, w.head, w.batch), typename Config::TileOWarpgroup{},
+                             make_coord(w.m_block * Config::kMmaWarpgroups + warpgroup, _0{}));
       auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
                                         group_modes<0, 2>(gO));
       copy(params.tma_o, tOsO, tOgO);
@@ -102,9 +107,9 @@ struct ForwardEpilogue {
     }
   }
 
-  // Before the CTA exits: the last TMA store must have read shared memory.
+  // Before the CTA exits: the last TMA stores must have read shared memory.
   CUTE_DEVICE static void finish(int mma_tid) {
-    if (mma_tid == 0) cute::tma_store_wait<0>();
+    if (mma_tid % 128 == 0) cute::tma_store_wait<0>();
   }
 };
 

@@ -13,10 +13,11 @@
 //
 // The grid is persistent: about one CTA per SM, each walking its share of the work tiles in the
 // scheduler's order (tile_scheduler.h: longest first for causal, heads grouped so K and V stay in
-// L2). Synchronisation: q_full (TMA transaction barrier) hands Q to the consumers; the K and V
-// pipelines' full/empty barriers hand each buffer back and forth; kQueryEmpty tells the producer
-// that Q's buffer is free for the next tile; named barriers order the ping-pong and the epilogue
-// (named_barriers.h).
+// L2; causal tiles handed out one at a time from a global counter). Synchronisation: q_full (TMA
+// transaction barrier) hands Q to the consumers; the K and V pipelines' full/empty barriers hand
+// each buffer back and forth; kQueryEmpty tells the producer that Q's buffer is free for the next
+// tile; named barriers order the ping-pong, the epilogue and the hand-over of the next tile's
+// index (named_barriers.h).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -71,9 +72,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   KVPipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before any role uses them
 
+  const TileHandoff<ForwardBarrier, ForwardBarrier::kTileFull, ForwardBarrier::kTileEmpty,
+                    Config::kMmaThreads + 32> handoff{&smem.next_tile};
+
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-    if (warp == 0) ForwardLoad<Config, kCausal>::run(params, smem, pipeline_k, pipeline_v);
+    if (warp == 0) ForwardLoad<Config, kCausal>::run(params, smem, pipeline_k, pipeline_v, handoff);
     return;
   }
 
@@ -89,7 +93,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const AttentionMask<kCausal> mask(p.seqlen_q, p.seqlen_k);
 
   int q_loads = 0;
-  for (int t = blockIdx.x; t < params.scheduler.total; t += gridDim.x) {
+  for (int t = blockIdx.x; t < params.scheduler.total;
+       t = TileScheduler::receive_next(params.scheduler, t, handoff)) {
     const WorkTile w = TileScheduler::tile(params.scheduler, t);
     const int row_end = min((w.m_block + 1) * Config::kBlockM, p.seqlen_q);
     const int n_blocks = mask.visible_tiles(row_end, Config::kBlockN);

@@ -16,19 +16,27 @@
 
 namespace fa::sm90 {
 
-// Tiles per head dim (query rows × keys per step, K/V stages). Starting points from
-// ../shared/HOPPER_NOTES.md and benchmarks/NOTES.md (Hopper family): 128 rows = two consumer
-// warpgroups of 64. At D = 256, 128 × 80 with two stages fills shared memory (the output tile
-// then reuses Q's buffer).
-template <int kHeadDim>
+// Tiles per head dim and causality (query rows × keys per step, K/V stages). Starting points from
+// ../shared/HOPPER_NOTES.md, measured in benchmarks/NOTES.md (Hopper family): 128 rows = two
+// consumer warpgroups of 64. Wider key tiles amortise each step's softmax and barriers over more
+// tensor-core work; causal tiles stay narrower, since every query tile's diagonal tile is masked
+// and partly wasted. D = 128: 128 × 160 (the widest whose Q, K/V stages and separate output tile
+// fit in 224 KB) measured slower than 128 × 128, which also divides the usual sequence lengths.
+// D = 256: 128 × 80 with two stages fills shared memory (the output tile then reuses Q's buffer).
+template <int kHeadDim, bool kCausal>
 struct ForwardTile;
-template <> struct ForwardTile<64>  { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
-template <> struct ForwardTile<128> { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
-template <> struct ForwardTile<256> { static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2; };
+template <> struct ForwardTile<64, false>  { static constexpr int kBlockM = 128, kBlockN = 192, kStages = 2; };
+template <> struct ForwardTile<64, true>   { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
+template <> struct ForwardTile<128, false> { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
+template <> struct ForwardTile<128, true>  { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
+template <bool kCausal> struct ForwardTile<256, kCausal> {
+  static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
+};
 
-template <class Element, int kHeadDim>
-using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTile<kHeadDim>::kBlockM,
-                                       ForwardTile<kHeadDim>::kBlockN, ForwardTile<kHeadDim>::kStages>;
+template <class Element, int kHeadDim, bool kCausal>
+using ForwardConfigFor =
+    ForwardConfig<Element, kHeadDim, ForwardTile<kHeadDim, kCausal>::kBlockM,
+                  ForwardTile<kHeadDim, kCausal>::kBlockN, ForwardTile<kHeadDim, kCausal>::kStages>;
 
 // A (B, H, S, D) tensor as TMA sees it: (S, D, H, B), D contiguous. A mode of extent 1 is never
 // stepped along, so its stride (which the caller may leave at any value) is replaced by one TMA
@@ -62,7 +70,7 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
                              kv_stage, typename Config::TileKV{}, _1{});
   auto tma_o = make_tma_copy(SM90_TMA_STORE{},
                              tma_view<Element>(out, p.out_stride, p.seqlen_q, p.head_dim, p.heads_q, p.batch),
-                             typename Config::SmemLayoutQ{}, typename Config::TileQ{}, _1{});
+                             typename Config::SmemLayoutOWarpgroup{}, typename Config::TileOWarpgroup{}, _1{});
 
   int device = 0, sms = 0, l2_bytes = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -74,7 +82,8 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   const int m_blocks = (p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
   const int64_t kv_bytes_per_head = 2 * int64_t(p.seqlen_k) * p.head_dim * sizeof(Element);
   Params params{p,
-                TileScheduler::make_params(m_blocks, p.heads_q, p.batch, kCausal, kv_bytes_per_head, l2_bytes),
+                TileScheduler::make_params(m_blocks, p.heads_q, p.batch, kCausal, kv_bytes_per_head, l2_bytes,
+                                           kCausal ? p.tile_counter : nullptr),
                 tma_q, tma_k, tma_v, tma_o};
 
   auto kernel = &forward_kernel<Config, kCausal, Params>;
@@ -88,7 +97,8 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
 
 template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
-  return launch_forward<ForwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim>, kCausal>(params, stream);
+  return launch_forward<ForwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim, kCausal>, kCausal>(params,
+                                                                                               stream);
 }
 
 }  // namespace fa::sm90

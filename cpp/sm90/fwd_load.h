@@ -24,9 +24,9 @@ struct ForwardLoad {
   using Element = typename Config::Element;
   using KVPipeline = typename Config::KVPipeline;
 
-  template <class Params, class Storage>
+  template <class Params, class Storage, class Handoff>
   CUTE_DEVICE static void run(Params const& params, Storage& smem, KVPipeline& pipeline_k,
-                              KVPipeline& pipeline_v) {
+                              KVPipeline& pipeline_v, Handoff const& handoff) {
     using namespace cute;
     const ForwardParams& p = params.attn;
     const bool leader = elect_one_sync();
@@ -50,11 +50,20 @@ struct ForwardLoad {
     auto v_state = cutlass::make_producer_start_state<KVPipeline>();
     const AttentionMask<kCausal> mask(p.seqlen_q, p.seqlen_k);
     int q_loads = 0;
-    for (int t = blockIdx.x; t < params.scheduler.total; t += gridDim.x) {
+    for (int t = blockIdx.x, handed = 0; t < params.scheduler.total; ++handed) {
       const WorkTile w = TileScheduler::tile(params.scheduler, t);
       const int row_end = min((w.m_block + 1) * Config::kBlockM, p.seqlen_q);
       const int n_blocks = mask.visible_tiles(row_end, Config::kBlockN);
-      if (n_blocks == 0) continue;  // the consumers write zeros; nothing to load
+      // The next tile is known as soon as this one's loads are issued (the consumers take it
+      // from the hand-over when they finish this one).
+      auto advance = [&]() {
+        t = TileScheduler::fetch_next(params.scheduler, t);
+        if (params.scheduler.counter != nullptr) handoff.publish(t, handed == 0);
+      };
+      if (n_blocks == 0) {  // the consumers write zeros; nothing to load
+        advance();
+        continue;
+      }
 
       Tensor gQ = local_tile(mQ(_, _, w.head, w.batch), typename Config::TileQ{},
                              make_coord(w.m_block, _0{}));
@@ -81,6 +90,7 @@ struct ForwardLoad {
         load_kv(pipeline_v, v_state, params.tma_v, tVgV(_, n), tVsV);
       }
       load_kv(pipeline_v, v_state, params.tma_v, tVgV(_, 0), tVsV);
+      advance();
     }
   }
 };

@@ -13,8 +13,10 @@ namespace fa::sm90 {
 
 enum class ForwardBarrier : uint32_t {
   kQueryEmpty = 0,     // consumers -> producer warp: the Q buffer (and O, where O aliases it) is free
-  kEpilogue = 1,       // the consumer warpgroups around the shared-memory output tile
-  kWarpgroupTurn = 2,  // kWarpgroupTurn + w: consumer warpgroup w may issue its GEMMs (ping-pong)
+  kEpilogue = 1,       // kEpilogue + w: consumer warpgroup w around its half of the output tile
+  kWarpgroupTurn = 3,  // kWarpgroupTurn + w: consumer warpgroup w may issue its GEMMs (ping-pong)
+  kTileFull = 5,       // producer -> consumers: the next work tile's index is in shared memory
+  kTileEmpty = 6,      // consumers -> producer: they have read it
 };
 
 CUTE_DEVICE void barrier_sync(ForwardBarrier id, int threads, int offset = 0) {

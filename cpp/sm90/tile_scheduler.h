@@ -1,9 +1,14 @@
 // The tile scheduler of the Hopper family: which (query tile, head, batch) each persistent CTA
 // works on, in which order.
 //
-// The grid has about one CTA per SM; CTA c takes work tiles c, c + gridDim.x, c + 2·gridDim.x, …
-// of one linear order. Every role of the CTA (the producer warp and each consumer warpgroup) walks
-// the same sequence on its own, so they need no messages to agree on it.
+// The grid has about one CTA per SM, and CTA c starts with work tile c of one linear order. Then:
+// - static (tiles of equal length): CTA c takes tiles c + gridDim.x, c + 2·gridDim.x, …; every role
+//   of the CTA walks that sequence on its own, and the CTAs stay in step.
+// - dynamic (causal: tile lengths differ): the producer warp takes the next tile of the order from
+//   a global counter as soon as it has issued the loads of the current one, and hands its index to
+//   the consumer warpgroups through shared memory (next_tile(), below). The tiles running at any
+//   moment are then always about gridDim.x consecutive ones of the order: the L2 sections below
+//   hold, and no CTA idles while another still has a queue of long tiles.
 //
 // The order:
 // - (batch, head) pairs go in sections of `heads_per_section`, sized on the host so that a
@@ -20,6 +25,8 @@
 #include <cstdint>
 
 #include <cute/config.hpp>
+#include <cute/arch/cluster_sm90.hpp>
+#include <cutlass/arch/barrier.h>
 
 namespace fa::sm90 {
 
@@ -37,11 +44,12 @@ struct TileScheduler {
     int total = 0;     // m_blocks · heads · batch
     int heads_per_section = 1;
     bool longest_first = false;
+    int* counter = nullptr;  // dynamic scheduling: tiles gridDim.x, gridDim.x + 1, … are handed out from it
   };
 
   // kv_bytes_per_head: bytes of K and V one head reads; l2_bytes: the device's L2 size.
   static Params make_params(int m_blocks, int heads, int batch, bool longest_first,
-                            int64_t kv_bytes_per_head, int64_t l2_bytes) {
+                            int64_t kv_bytes_per_head, int64_t l2_bytes, int* counter) {
     Params p;
     p.m_blocks = m_blocks;
     p.heads = heads;
@@ -50,10 +58,25 @@ struct TileScheduler {
     const int64_t fit = std::max<int64_t>(1, l2_bytes / 2 / std::max<int64_t>(1, kv_bytes_per_head));
     p.heads_per_section = static_cast<int>(std::min<int64_t>(fit, int64_t(heads) * batch));
     p.longest_first = longest_first;
+    p.counter = counter;
     return p;
   }
 
   static int grid_size(const Params& p, int sms) { return std::max(1, std::min(p.total, sms)); }
+
+  // The tile after t, as the producer warp learns it (all its lanes get the same answer).
+  CUTE_DEVICE static int fetch_next(const Params& p, int t) {
+    if (p.counter == nullptr) return t + gridDim.x;
+    const bool leader = cute::elect_one_sync();
+    const int next = leader ? static_cast<int>(gridDim.x) + atomicAdd(p.counter, 1) : 0;
+    return __shfl_sync(0xffffffffu, next, __ffs(__ballot_sync(0xffffffffu, leader)) - 1);
+  }
+
+  // The consumers' view: the tile after t (with dynamic scheduling, from the producer's hand-over).
+  template <class Handoff>
+  CUTE_DEVICE static int receive_next(const Params& p, int t, Handoff const& handoff) {
+    return p.counter == nullptr ? t + static_cast<int>(gridDim.x) : handoff.receive();
+  }
 
   CUTE_DEVICE static WorkTile tile(const Params& p, int t) {
     const int per_section = p.heads_per_section * p.m_blocks;
@@ -68,6 +91,29 @@ struct TileScheduler {
     w.batch = bh / p.heads;
     w.head = bh - w.batch * p.heads;
     return w;
+  }
+};
+
+// Dynamic scheduling's hand-over of the next tile index from the producer warp to the consumer
+// threads: one shared-memory slot and two named barriers, kFull (the slot holds the next index)
+// and kEmpty (every consumer has read it). Both count the producer warp and the consumers.
+template <class BarrierId, BarrierId kFull, BarrierId kEmpty, int kThreads>
+struct TileHandoff {
+  int* slot;
+
+  // Producer warp. Before the first hand-over the slot is free; after it, wait until it is read.
+  CUTE_DEVICE void publish(int next, bool first) const {
+    if (!first) cutlass::arch::NamedBarrier::sync(kThreads, static_cast<uint32_t>(kEmpty));
+    if (cute::elect_one_sync()) *slot = next;
+    cutlass::arch::NamedBarrier::arrive(kThreads, static_cast<uint32_t>(kFull));
+  }
+
+  // Consumer threads.
+  CUTE_DEVICE int receive() const {
+    cutlass::arch::NamedBarrier::sync(kThreads, static_cast<uint32_t>(kFull));
+    const int next = *slot;
+    cutlass::arch::NamedBarrier::arrive(kThreads, static_cast<uint32_t>(kEmpty));
+    return next;
   }
 };
 

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -197,6 +198,12 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q_in, const at
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   cudaError_t err;
   if (forward_family(device_arch(q), s.head_dim, op) == Family::kSm90) {
+    // Causal tiles differ in length: CTAs take the next one from a counter as they finish.
+    at::Tensor tile_counter;
+    if (causal) {
+      tile_counter = at::zeros({1}, q.options().dtype(at::kInt));
+      p.tile_counter = tile_counter.data_ptr<int>();
+    }
     err = dispatch<Family::kSm90>(
         q.scalar_type(), family_head_dim(Family::kSm90, s.head_dim), causal, op,
         [&](auto tag, auto hd, auto c) {

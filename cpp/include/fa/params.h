@@ -40,6 +40,10 @@ struct ForwardParams {
 
   float scale = 0.f;       // applied to Q Kᵀ
   float scale_log2 = 0.f;  // scale · log2(e), so that exp(x · scale) == exp2(x · scale_log2)
+
+  // The Hopper family's causal forward hands out work tiles from this counter (one int, zeroed by
+  // the caller before each launch); other kernels ignore it.
+  int* tile_counter = nullptr;
 };
 
 // Gradients of the forward above. The forward's pointers are read again (out as dO's partner).
