@@ -72,17 +72,15 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
                              tma_view<Element>(out, p.out_stride, p.seqlen_q, p.head_dim, p.heads_q, p.batch),
                              typename Config::SmemLayoutOWarpgroup{}, typename Config::TileOWarpgroup{}, _1{});
 
-  int device = 0, sms = 0, l2_bytes = 0;
+  int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
   if (err != cudaSuccess) return err;
 
   using Params = ForwardKernelParams<decltype(tma_q), decltype(tma_k), decltype(tma_v), decltype(tma_o)>;
   const int m_blocks = (p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
-  const int64_t kv_bytes_per_head = 2 * int64_t(p.seqlen_k) * p.head_dim * sizeof(Element);
   Params params{p,
-                TileScheduler::make_params(m_blocks, p.heads_q, p.batch, kCausal, kv_bytes_per_head, l2_bytes,
+                TileScheduler::make_params(m_blocks, p.heads_q, p.batch, kCausal,
                                            kCausal ? p.tile_counter : nullptr),
                 tma_q, tma_k, tma_v, tma_o};
 

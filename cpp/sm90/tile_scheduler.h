@@ -6,17 +6,17 @@
 //   of the CTA walks that sequence on its own, and the CTAs stay in step.
 // - dynamic (causal: tile lengths differ): the producer warp takes the next tile of the order from
 //   a global counter as soon as it has issued the loads of the current one, and hands its index to
-//   the consumer warpgroups through shared memory (next_tile(), below). The tiles running at any
-//   moment are then always about gridDim.x consecutive ones of the order: the L2 sections below
-//   hold, and no CTA idles while another still has a queue of long tiles.
+//   the consumer warpgroups through shared memory (TileHandoff, below). The tiles running at any
+//   moment are then always about gridDim.x consecutive ones of the order (below), and no CTA idles
+//   while another still has a queue of long tiles.
 //
-// The order:
-// - (batch, head) pairs go in sections of `heads_per_section`, sized on the host so that a
-//   section's keys and values fit in about half of L2: the CTAs running at one time then read the
-//   same few heads' K and V, which come from L2 instead of DRAM.
-// - Inside a section the query tiles go from the last to the first (`longest_first`, for causal
-//   attention, where the last query tiles see the most keys), interleaving the section's heads:
-//   the long tiles start first and the short ones fill the tail.
+// The order: (batch, head) pairs one after the other, and within each pair its query tiles, from
+// the last to the first when `longest_first` (causal attention, where the last query tiles see the
+// most keys). The tiles running at one time are then consecutive query tiles of one or a few heads,
+// which read the same K and V at about the same time: those reads come from L2. (Measured on H100,
+// benchmarks/NOTES.md: interleaving the tiles of several heads, sized so that their K and V fit in
+// L2, was up to 12% slower.)
+//
 // Varlen batches (a later issue) keep this shape: the per-batch lengths come from a sequence-length
 // type, not from this order.
 #pragma once
@@ -42,21 +42,16 @@ struct TileScheduler {
     int heads = 0;
     int batch = 0;
     int total = 0;     // m_blocks · heads · batch
-    int heads_per_section = 1;
     bool longest_first = false;
     int* counter = nullptr;  // dynamic scheduling: tiles gridDim.x, gridDim.x + 1, … are handed out from it
   };
 
-  // kv_bytes_per_head: bytes of K and V one head reads; l2_bytes: the device's L2 size.
-  static Params make_params(int m_blocks, int heads, int batch, bool longest_first,
-                            int64_t kv_bytes_per_head, int64_t l2_bytes, int* counter) {
+  static Params make_params(int m_blocks, int heads, int batch, bool longest_first, int* counter) {
     Params p;
     p.m_blocks = m_blocks;
     p.heads = heads;
     p.batch = batch;
     p.total = m_blocks * heads * batch;
-    const int64_t fit = std::max<int64_t>(1, l2_bytes / 2 / std::max<int64_t>(1, kv_bytes_per_head));
-    p.heads_per_section = static_cast<int>(std::min<int64_t>(fit, int64_t(heads) * batch));
     p.longest_first = longest_first;
     p.counter = counter;
     return p;
@@ -79,13 +74,8 @@ struct TileScheduler {
   }
 
   CUTE_DEVICE static WorkTile tile(const Params& p, int t) {
-    const int per_section = p.heads_per_section * p.m_blocks;
-    const int section = t / per_section;
-    const int first_head = section * p.heads_per_section;  // (batch, head) pairs as batch·heads + head
-    const int heads_here = min(p.heads_per_section, p.heads * p.batch - first_head);
-    const int r = t - section * per_section;
-    const int m_rank = r / heads_here;
-    const int bh = first_head + (r - m_rank * heads_here);
+    const int bh = t / p.m_blocks;  // (batch, head) pairs as batch·heads + head
+    const int m_rank = t - bh * p.m_blocks;
     WorkTile w;
     w.m_block = p.longest_first ? p.m_blocks - 1 - m_rank : m_rank;
     w.batch = bh / p.heads;
