@@ -60,18 +60,14 @@ struct ForwardConfig {
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
       MmaWarpgroups{}));
-  using TiledMmaO = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
-      MmaWarpgroups{}));
-
+  using MmaOAtom = decltype(cute::GMMA::rs_op_selector<
+                            Element, Element, float,
+                            cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                            cute::GMMA::Major::K, cute::GMMA::Major::MN>());
+  using TiledMmaO = decltype(cute::make_tiled_mma(MmaOAtom{}, MmaWarpgroups{}));
   // One warpgroup's share of O += P V: the same per-thread accumulator layout as TiledMmaO, over
   // 64 rows (the epilogue partitions one warpgroup's half of the output tile with it).
-  using TiledMmaOWarpgroup = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+  using TiledMmaOWarpgroup = decltype(cute::make_tiled_mma(MmaOAtom{}));
 
   using KVPipeline = cutlass::PipelineTmaAsync<kStages>;
 
@@ -99,6 +95,13 @@ struct ForwardConfig {
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kMaxSmemBytes, "tile does not fit in shared memory");
+
+  // Key tiles the query tile m_block sees (0: none of its rows sees a key); the producer and the
+  // consumers both count them.
+  template <class Mask>
+  CUTE_DEVICE static int key_tiles(const Mask& mask, int seqlen_q, int m_block) {
+    return mask.visible_tiles(cute::min((m_block + 1) * kBlockM, seqlen_q), kBlockN);
+  }
 
   CUTE_DEVICE static Element* output_buffer(SharedStorage& s) {
     if constexpr (kOutputAliasesQ) {

@@ -96,8 +96,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   for (int t = blockIdx.x; t < params.scheduler.total;
        t = TileScheduler::receive_next(params.scheduler, t, handoff)) {
     const WorkTile w = TileScheduler::tile(params.scheduler, t);
-    const int row_end = min((w.m_block + 1) * Config::kBlockM, p.seqlen_q);
-    const int n_blocks = mask.visible_tiles(row_end, Config::kBlockN);
+    const int n_blocks = Config::key_tiles(mask, p.seqlen_q, w.m_block);
     if (n_blocks == 0) {
       Epilogue::template store_empty<kRows>(p, mma_tid, w);
       continue;

@@ -52,8 +52,7 @@ struct ForwardLoad {
     int q_loads = 0;
     for (int t = blockIdx.x, handed = 0; t < params.scheduler.total; ++handed) {
       const WorkTile w = TileScheduler::tile(params.scheduler, t);
-      const int row_end = min((w.m_block + 1) * Config::kBlockM, p.seqlen_q);
-      const int n_blocks = mask.visible_tiles(row_end, Config::kBlockN);
+      const int n_blocks = Config::key_tiles(mask, p.seqlen_q, w.m_block);
       // The next tile is known as soon as this one's loads are issued (the consumers take it
       // from the hand-over when they finish this one).
       auto advance = [&]() {

@@ -30,11 +30,12 @@ std::string device_arch(const at::Tensor& t) {
   return std::to_string(major * 10 + minor) + (major == 9 && minor == 0 ? "a" : "");
 }
 
-// The GPU must be sm80 or newer (cp.async, bf16 mma.sync).
-void check_device(const at::Tensor& t, const char* op) {
-  const std::string arch = device_arch(t);
+// The GPU must be sm80 or newer (cp.async, bf16 mma.sync). Returns its arch name.
+std::string check_device(const at::Tensor& t, const char* op) {
+  std::string arch = device_arch(t);
   TORCH_CHECK(std::stoi(arch) >= 80, op, ": fa's CUDA kernels need compute capability 8.0 or newer ",
               "(cp.async, bf16 mma.sync); ", t.device(), " is sm_", arch);
+  return arch;
 }
 
 [[noreturn]] void raise_launch_error(cudaError_t err, const at::Tensor& t, const char* op) {
@@ -68,7 +69,7 @@ int family_head_dim(Family family, int64_t head_dim) {
   };
   if (family == Family::kSm80) {
     for (int d : build_config::kHeadDims) consider(d);
-  } else if (build_config::kSm90Forward) {
+  } else {
     for (int d : build_config::kSm90HeadDims) consider(d);
   }
   return best;
@@ -87,24 +88,30 @@ int kernel_head_dim(int64_t head_dim, const char* op) {
   return best;
 }
 
-// The forward's family: the environment variable FA_KERNEL_FAMILY, read at every call, chooses
+// The kernels that serve a forward call: a family and its kernel head dim.
+struct ForwardKernels {
+  Family family;
+  int head_dim;
+};
+
+// The environment variable FA_KERNEL_FAMILY, read at every call, chooses the forward's family
 // (sm80, sm90, or auto / unset). auto takes the Hopper family where it can serve the call (an sm90
 // device, a build with 90a, a native head dim >= D) and the Ampere family otherwise.
-Family forward_family(const std::string& arch, int64_t head_dim, const char* op) {
+ForwardKernels forward_kernels(const std::string& arch, int64_t head_dim, const char* op) {
   const char* env = std::getenv("FA_KERNEL_FAMILY");
   const std::string want = env ? env : "";
-  const bool sm90_serves = arch == "90a" && family_head_dim(Family::kSm90, head_dim) != 0;
-  if (want == "sm80") return Family::kSm80;
+  const int sm90_head_dim = arch == "90a" ? family_head_dim(Family::kSm90, head_dim) : 0;
   if (want == "sm90") {
-    TORCH_CHECK(sm90_serves, op, ": FA_KERNEL_FAMILY=sm90, but the Hopper family cannot serve this call: ",
+    TORCH_CHECK(sm90_head_dim != 0, op, ": FA_KERNEL_FAMILY=sm90, but the Hopper family cannot serve this call: ",
                 arch != "90a" ? "the device is sm_" + arch + ", not sm_90a"
                 : !build_config::kSm90Forward ? std::string("this build has no Hopper kernels (FA_CUDA_ARCHS lacks 90a)")
                 : "this build has no Hopper kernel for head dim " + str_of(head_dim) + " (FA_HEAD_DIMS)");
-    return Family::kSm90;
+  } else {
+    TORCH_CHECK(want.empty() || want == "auto" || want == "sm80", op,
+                ": the environment variable FA_KERNEL_FAMILY must be sm80, sm90 or auto, got '", want, "'");
   }
-  TORCH_CHECK(want.empty() || want == "auto", op,
-              ": the environment variable FA_KERNEL_FAMILY must be sm80, sm90 or auto, got '", want, "'");
-  return sm90_serves ? Family::kSm90 : Family::kSm80;
+  if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim};
+  return {Family::kSm80, kernel_head_dim(head_dim, op)};
 }
 
 // Whether this build holds kernels of the family for head_dim.
@@ -184,7 +191,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q_in, const at
   const AttentionShape s = check_forward_inputs(q_in, k_in, v_in);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const c10::cuda::CUDAGuard guard(q_in.device());
-  check_device(q_in, op);
+  const std::string arch = check_device(q_in, op);
   ForwardOutputs o = allocate_forward_outputs(q_in, s);
   if (finish_trivial_forward(s, o)) return {o.out, o.lse};
   check_grid_limits(s, op);
@@ -196,24 +203,22 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q_in, const at
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const ForwardKernels kernels = forward_kernels(arch, s.head_dim, op);
   cudaError_t err;
-  if (forward_family(device_arch(q), s.head_dim, op) == Family::kSm90) {
+  if (kernels.family == Family::kSm90) {
     // Causal tiles differ in length: CTAs take the next one from a counter as they finish.
     at::Tensor tile_counter;
     if (causal) {
       tile_counter = at::zeros({1}, q.options().dtype(at::kInt));
       p.tile_counter = tile_counter.data_ptr<int>();
     }
-    err = dispatch<Family::kSm90>(
-        q.scalar_type(), family_head_dim(Family::kSm90, s.head_dim), causal, op,
-        [&](auto tag, auto hd, auto c) {
-          return sm90::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
-        });
+    err = dispatch<Family::kSm90>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
+      return sm90::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+    });
   } else {
-    err = dispatch<Family::kSm80>(
-        q.scalar_type(), kernel_head_dim(s.head_dim, op), causal, op, [&](auto tag, auto hd, auto c) {
-          return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
-        });
+    err = dispatch<Family::kSm80>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
+      return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+    });
   }
   if (err != cudaSuccess) raise_launch_error(err, q, op);
   return {o.out, o.lse};

@@ -1,10 +1,9 @@
 """fa.build_info(): what this build contains and which kernel family serves the current GPU."""
 
+import os
 from typing import Any, Dict, List
 
 import torch
-
-import os
 
 _FAMILY_DESCRIPTIONS = {
     "sm80": "Ampere family (mma.sync, cp.async, ldmatrix)",
