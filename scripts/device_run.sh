@@ -3,15 +3,16 @@
 # the logs under $OUT. Used through the workplace's device tool; any CUDA machine with
 # python3 + torch + pytest works the same way.
 #
-#   FA_COMMIT=$(git rev-parse --short HEAD) scripts/device_run.sh [--prebuilt | --install] [--tests ARGS] …
+#   FA_COMMIT=$(git rev-parse --short HEAD) scripts/device_run.sh [--wheel | --install] [--tests ARGS] …
 #   (FA_COMMIT labels the benchmark's results when the copy on the GPU machine has no .git)
 #
 # FlashAttention-3 (the peer the benchmark times as --impl fa3) is found in .carry/fa3 when it was
 # copied there (cp -r ../shared/peers/fa3 .carry/fa3).
 #
-#   --prebuilt   use the package staged in .carry/fa by scripts/stage_prebuilt.sh (built on a
-#                machine without a GPU against the same torch; saves compile time here)
-#   --install    pip install --no-build-isolation . (the users' path); nvidia-cutlass comes from .whl/
+#   --install    pip install --no-build-isolation . (the users' path; the default); nvidia-cutlass
+#                comes from .whl/
+#   --wheel      pip install the wheel in .carry/wheels/ (built elsewhere with `pip wheel`, e.g. on a
+#                machine without a GPU: it runs on any torch >= 2.9, see README)
 #   --install-args "…"  extra pip arguments, e.g. "-C cmake.define.FA_HEAD_DIMS=128"
 #   --tests "…"  pytest arguments (default: the whole suite); "skip" to skip
 #   --bench "…"  benchmarks/bench.py arguments (default: the default suite); "skip" to skip
@@ -24,10 +25,10 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/fa-out}
 mkdir -p "$OUT"
-mode=prebuilt install_args="" tests="" bench="" sanitize=0 sass=0 sweep="" profile="" gdb=""
+mode=install install_args="" tests="" bench="" sanitize=0 sass=0 sweep="" profile="" gdb=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --prebuilt) mode=prebuilt ;;
+    --wheel) mode=wheel ;;
     --install) mode=install ;;
     --install-args) install_args="$2"; shift ;;
     --tests) tests="$2"; shift ;;
@@ -59,10 +60,12 @@ if [ "$mode" = install ]; then
     >> "$OUT/install.log" 2>&1 || { echo "install failed"; tail -50 "$OUT/install.log"; exit 1; }
   grep -E "build wall|fa:" "$OUT/install.log"
 else
-  export PYTHONPATH="$PWD/.carry${PYTHONPATH:+:$PYTHONPATH}"
+  step "pip install $(ls .carry/wheels/fa-*.whl)"
+  python3 -m pip install --no-deps --force-reinstall .carry/wheels/fa-*.whl > "$OUT/install.log" 2>&1 \
+    || { echo "install failed"; tail -20 "$OUT/install.log"; exit 1; }
 fi
 python3 -c "import fa, json; print(json.dumps(fa.build_info(), indent=1))" 2>&1 | tee "$OUT/build_info.json"
-lib=$(python3 -c "import fa._library as l; print(l.LIBRARY_PATH)")
+lib=$(python3 -c "import fa._library as l; print(l.CUDA_LIBRARY_PATH)")
 
 if [ "$sass" = 1 ]; then
   step "SASS of $lib"

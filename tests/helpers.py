@@ -15,7 +15,8 @@ ABS_SLACK = 1e-5
 
 
 def cuda_kernels_available() -> bool:
-    return torch.cuda.is_available() and fa.build_info()["cuda_kernels_built"]
+    info = fa.build_info()
+    return torch.cuda.is_available() and info["cuda_kernels_built"] and "cuda_unavailable_reason" not in info
 
 
 def cuda_families():

@@ -2,20 +2,10 @@
 #pragma once
 
 #include <optional>
-#include <string>
 
-#include <ATen/core/Tensor.h>
+#include "stable.h"
 
 namespace fa::torch_binding {
-
-// Numbers in error messages are formatted with snprintf, never inserted into a std::ostream here.
-// iostream's numeric insertion is inline template code that gets compiled into this library, and a
-// GCC 13 toolchain that links newer libstdc++ pieces statically (seen on the H100 image) makes it
-// crash in the locale facets once loaded into torch's process. Strings, and c10's own printers,
-// which live in libc10, are safe.
-std::string str_of(int64_t value);
-std::string str_of(double value);
-std::string str_of(c10::IntArrayRef values);  // "[2, 16, 64]"
 
 struct AttentionShape {
   int64_t batch = 0;
@@ -33,12 +23,11 @@ inline constexpr int64_t kMaxHeadDim = 256;
 inline constexpr int64_t kHeadDimMultiple = 8;
 
 // q (B, Hq, Sq, D), k and v (B, Hk, Sk, D): fp16/bf16, one device, stride 1 in the last dim.
-AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+AttentionShape check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v);
 
 // The forward's inputs plus dout (q's shape), out (q's shape) and softmax_lse ((B, Hq, Sq) float32).
-AttentionShape check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                                     const at::Tensor& v, const at::Tensor& out,
-                                     const at::Tensor& softmax_lse);
+AttentionShape check_backward_inputs(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& out, const Tensor& softmax_lse);
 
 // softmax_scale, or 1/sqrt(head_dim) when it is None.
 float resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim);

@@ -1,8 +1,13 @@
 #include "cpu_attention.h"
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
+#include <thread>
+#include <vector>
 
-#include <ATen/ATen.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 
 #include "checks.h"
 #include "outputs.h"
@@ -10,106 +15,221 @@
 namespace fa::torch_binding {
 namespace {
 
-constexpr int64_t kKeyChunk = 256;
-constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// (B, Hq, Sq, X) -> (B, Hk, G·Sq, X) in float32: the G query heads that share a kv head stacked as
-// rows, so one matmul per kv head serves its whole group and the sums dK, dV need over the group
-// are part of the matmul.
-at::Tensor group_rows(const at::Tensor& t, const AttentionShape& s) {
-  return t.to(at::kFloat).reshape({s.batch, s.heads_kv, s.group_size() * s.seqlen_q, t.size(-1)});
+// Runs fn(begin, end) over [0, n) in contiguous chunks, one per hardware thread.
+template <class Fn>
+void parallel_for(int64_t n, const Fn& fn) {
+  const int64_t threads = std::min<int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 1) {
+    fn(int64_t(0), n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const int64_t chunk = (n + threads - 1) / threads;
+  for (int64_t begin = chunk; begin < n; begin += chunk) {
+    pool.emplace_back([&fn, begin, end = std::min(n, begin + chunk)] { fn(begin, end); });
+  }
+  fn(int64_t(0), std::min(n, chunk));
+  for (auto& t : pool) t.join();
 }
 
-// Causal, bottom-right aligned: query i sees key j iff j <= i + (Sk - Sq). Returns the positions to
-// hide, (G·Sq, len) for keys [key_begin, key_begin + len).
-at::Tensor causal_hidden(const AttentionShape& s, int64_t key_begin, int64_t len) {
-  auto opts = at::TensorOptions().dtype(at::kLong);
-  auto query = at::arange(s.seqlen_q, opts).repeat({s.group_size()}).unsqueeze(1);
-  auto key = at::arange(key_begin, key_begin + len, opts).unsqueeze(0);
-  return key > query + (s.seqlen_k - s.seqlen_q);
+// A (B, H, S, D) tensor's elements by index, whatever its strides (the last one is 1).
+template <class T>
+struct Rows {
+  T* data;
+  int64_t stride[3];
+
+  explicit Rows(const Tensor& t)
+      : data(static_cast<T*>(t.data_ptr())), stride{t.stride(0), t.stride(1), t.stride(2)} {}
+  T* row(int64_t b, int64_t h, int64_t s) const {
+    return data + b * stride[0] + h * stride[1] + s * stride[2];
+  }
+};
+
+// Rows [0, rows) of head (b, h), as float32 in a dense (rows, D) buffer.
+template <class T>
+void load_rows(const Rows<const T>& src, int64_t b, int64_t h, int64_t rows, int64_t d, float* dst) {
+  for (int64_t s = 0; s < rows; ++s) {
+    const T* row = src.row(b, h, s);
+    for (int64_t i = 0; i < d; ++i) dst[s * d + i] = static_cast<float>(row[i]);
+  }
 }
 
-at::Tensor scaled_scores(const at::Tensor& q_rows, const at::Tensor& k_chunk, float scale,
-                         const AttentionShape& s, int64_t key_begin, bool causal) {
-  auto scores = at::matmul(q_rows, k_chunk.transpose(-2, -1)).mul_(scale);
-  if (causal) scores.masked_fill_(causal_hidden(s, key_begin, k_chunk.size(2)), -kInf);
-  return scores;
+float dot(const float* a, const float* b, int64_t n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+void axpy(float alpha, const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// Causal, bottom-right aligned: query i sees keys [0, i + Sk - Sq]; the end of that range.
+int64_t visible_keys(const AttentionShape& s, bool causal, int64_t query) {
+  if (!causal) return s.seqlen_k;
+  return std::clamp<int64_t>(query + s.seqlen_k - s.seqlen_q + 1, 0, s.seqlen_k);
+}
+
+// The first query that sees key j (Sq when none does).
+int64_t first_query_seeing(const AttentionShape& s, bool causal, int64_t key) {
+  if (!causal) return 0;
+  return std::clamp<int64_t>(key - (s.seqlen_k - s.seqlen_q), 0, s.seqlen_q);
+}
+
+template <class T>
+void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const ForwardOutputs& o,
+                  const AttentionShape& s, float scale, bool causal) {
+  const Rows<const T> q(q_t), k(k_t), v(v_t);
+  const Rows<T> out(o.out);
+  float* lse = static_cast<float*>(o.lse.data_ptr());  // contiguous (B, Hq, Sq)
+  const int64_t d = s.head_dim, group = s.group_size();
+  std::vector<float> keys(s.seqlen_k * d), values(s.seqlen_k * d);
+
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t hk = 0; hk < s.heads_kv; ++hk) {
+      load_rows(k, b, hk, s.seqlen_k, d, keys.data());
+      load_rows(v, b, hk, s.seqlen_k, d, values.data());
+      // The group's query heads stacked as rows: (hq, i) for hq in the group, i < Sq.
+      parallel_for(group * s.seqlen_q, [&](int64_t begin, int64_t end) {
+        std::vector<float> query(d), acc(d), scores(s.seqlen_k);
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t hq = hk * group + r / s.seqlen_q, i = r % s.seqlen_q;
+          const int64_t seen = visible_keys(s, causal, i);
+          const T* q_row = q.row(b, hq, i);
+          for (int64_t c = 0; c < d; ++c) query[c] = static_cast<float>(q_row[c]);
+          float row_max = -kInf;
+          for (int64_t j = 0; j < seen; ++j) {
+            scores[j] = dot(query.data(), &keys[j * d], d) * scale;
+            row_max = std::max(row_max, scores[j]);
+          }
+          std::fill(acc.begin(), acc.end(), 0.f);
+          float row_sum = 0.f;
+          for (int64_t j = 0; j < seen; ++j) {
+            const float p = std::exp(scores[j] - row_max);
+            row_sum += p;
+            axpy(p, &values[j * d], acc.data(), d);
+          }
+          T* out_row = out.row(b, hq, i);
+          const float inv = seen > 0 ? 1.f / row_sum : 0.f;
+          for (int64_t c = 0; c < d; ++c) out_row[c] = static_cast<T>(acc[c] * inv);
+          lse[(b * s.heads_q + hq) * s.seqlen_q + i] = seen > 0 ? row_max + std::log(row_sum) : -kInf;
+        }
+      });
+    }
+  }
+}
+
+template <class T>
+void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, const Tensor& v_t,
+                   const Tensor& out_t, const Tensor& lse_t, const Gradients& g, const AttentionShape& s,
+                   float scale, bool causal) {
+  const Rows<const T> q(q_t), k(k_t), v(v_t), out(out_t), dout(dout_t);
+  const Rows<T> dq(g.dq), dk(g.dk), dv(g.dv);
+  const float* lse_data = static_cast<const float*>(lse_t.data_ptr());
+  const int64_t lse_stride[3] = {lse_t.stride(0), lse_t.stride(1), lse_t.stride(2)};
+  const int64_t d = s.head_dim, group = s.group_size(), rows = group * s.seqlen_q;
+  std::vector<float> keys(s.seqlen_k * d), values(s.seqlen_k * d);
+  std::vector<float> queries(rows * d), grads(rows * d), lse(rows), delta(rows);
+
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t hk = 0; hk < s.heads_kv; ++hk) {
+      load_rows(k, b, hk, s.seqlen_k, d, keys.data());
+      load_rows(v, b, hk, s.seqlen_k, d, values.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t hq = hk * group + r / s.seqlen_q, i = r % s.seqlen_q;
+        const T* q_row = q.row(b, hq, i);
+        const T* do_row = dout.row(b, hq, i);
+        const T* o_row = out.row(b, hq, i);
+        float row_delta = 0.f;  // delta = rowsum(dO ∘ O) = Σ_j P_ij dP_ij
+        for (int64_t c = 0; c < d; ++c) {
+          queries[r * d + c] = static_cast<float>(q_row[c]);
+          grads[r * d + c] = static_cast<float>(do_row[c]);
+          row_delta += grads[r * d + c] * static_cast<float>(o_row[c]);
+        }
+        delta[r] = row_delta;
+        // A row that saw no key has lse -inf; +inf makes its P exactly 0, so its gradients are 0.
+        const float l = lse_data[b * lse_stride[0] + hq * lse_stride[1] + i * lse_stride[2]];
+        lse[r] = l == -kInf ? kInf : l;
+      }
+      // P_rj and dS_rj = P_rj (dP_rj - delta_r) for query row r and key j, recomputed by each pass.
+      auto probs = [&](int64_t r, int64_t j, float* ds) {
+        const float p = std::exp(dot(&queries[r * d], &keys[j * d], d) * scale - lse[r]);
+        *ds = p * (dot(&grads[r * d], &values[j * d], d) - delta[r]);
+        return p;
+      };
+      // dQ: parallel over query rows.
+      parallel_for(rows, [&](int64_t begin, int64_t end) {
+        std::vector<float> acc(d);
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t hq = hk * group + r / s.seqlen_q, i = r % s.seqlen_q;
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (int64_t j = 0, seen = visible_keys(s, causal, i); j < seen; ++j) {
+            float ds;
+            probs(r, j, &ds);
+            axpy(ds, &keys[j * d], acc.data(), d);
+          }
+          T* dq_row = dq.row(b, hq, i);
+          for (int64_t c = 0; c < d; ++c) dq_row[c] = static_cast<T>(acc[c] * scale);
+        }
+      });
+      // dK and dV: parallel over keys, summed over the group's query heads.
+      parallel_for(s.seqlen_k, [&](int64_t begin, int64_t end) {
+        std::vector<float> dk_acc(d), dv_acc(d);
+        for (int64_t j = begin; j < end; ++j) {
+          std::fill(dk_acc.begin(), dk_acc.end(), 0.f);
+          std::fill(dv_acc.begin(), dv_acc.end(), 0.f);
+          for (int64_t r = 0; r < rows; ++r) {
+            if (r % s.seqlen_q < first_query_seeing(s, causal, j)) continue;
+            float ds;
+            const float p = probs(r, j, &ds);
+            axpy(p, &grads[r * d], dv_acc.data(), d);
+            axpy(ds, &queries[r * d], dk_acc.data(), d);
+          }
+          T* dk_row = dk.row(b, hk, j);
+          T* dv_row = dv.row(b, hk, j);
+          for (int64_t c = 0; c < d; ++c) {
+            dk_row[c] = static_cast<T>(dk_acc[c] * scale);
+            dv_row[c] = static_cast<T>(dv_acc[c]);
+          }
+        }
+      });
+    }
+  }
 }
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Tensor& k,
-                                               const at::Tensor& v, std::optional<double> softmax_scale,
-                                               bool causal) {
+std::tuple<Tensor, Tensor> forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       std::optional<double> softmax_scale, bool causal) {
   const AttentionShape s = check_forward_inputs(q, k, v);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   ForwardOutputs o = allocate_forward_outputs(q, s);
   if (finish_trivial_forward(s, o)) return {o.out, o.lse};
-
-  const auto q_rows = group_rows(q, s);
-  const auto k_f = k.to(at::kFloat);
-  const auto v_f = v.to(at::kFloat);
-  const int64_t rows = q_rows.size(2);
-  auto row_max = at::full({s.batch, s.heads_kv, rows, 1}, -kInf, q_rows.options());
-  auto row_sum = at::zeros_like(row_max);
-  auto acc = at::zeros_like(q_rows);
-
-  for (int64_t key_begin = 0; key_begin < s.seqlen_k; key_begin += kKeyChunk) {
-    const int64_t len = std::min(kKeyChunk, s.seqlen_k - key_begin);
-    auto scores = scaled_scores(q_rows, k_f.narrow(2, key_begin, len), scale, s, key_begin, causal);
-    auto new_max = at::maximum(row_max, std::get<0>(scores.max(-1, /*keepdim=*/true)));
-    // A row that has seen only hidden keys keeps max -inf; exp(-inf - 0) = 0 keeps it empty.
-    auto safe_max = at::where(new_max == -kInf, at::zeros_like(new_max), new_max);
-    auto probs = (scores - safe_max).exp_();
-    auto correction = (row_max - safe_max).exp_();
-    row_sum = row_sum * correction + probs.sum(-1, /*keepdim=*/true);
-    acc = acc * correction + at::matmul(probs, v_f.narrow(2, key_begin, len));
-    row_max = new_max;
+  if (q.scalar_type() == ScalarType::Half) {
+    forward_impl<torch::headeronly::Half>(q, k, v, o, s, scale, causal);
+  } else {
+    forward_impl<torch::headeronly::BFloat16>(q, k, v, o, s, scale, causal);
   }
-
-  auto seen = row_sum > 0;
-  auto out_rows = at::where(seen, acc / row_sum, at::zeros_like(acc));
-  auto lse_rows = at::where(seen, row_max + row_sum.log(), at::full_like(row_sum, -kInf));
-  o.out.copy_(out_rows.view({s.batch, s.heads_q, s.seqlen_q, s.head_dim}));
-  o.lse.copy_(lse_rows.view({s.batch, s.heads_q, s.seqlen_q}));
   return {o.out, o.lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& softmax_lse, std::optional<double> softmax_scale,
-    bool causal) {
+std::tuple<Tensor, Tensor, Tensor> backward_cpu(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                const Tensor& v, const Tensor& out,
+                                                const Tensor& softmax_lse,
+                                                std::optional<double> softmax_scale, bool causal) {
   const AttentionShape s = check_backward_inputs(dout, q, k, v, out, softmax_lse);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   Gradients g = allocate_gradients(q, k, v);
   if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
-
-  const auto q_rows = group_rows(q, s);
-  const auto dout_rows = group_rows(dout, s);
-  const auto k_f = k.to(at::kFloat);
-  const auto v_f = v.to(at::kFloat);
-  // delta_i = rowsum(dO ∘ O) = Σ_j P_ij dP_ij, the softmax-gradient term shared by a row.
-  const auto delta = (dout_rows * group_rows(out, s)).sum(-1, /*keepdim=*/true);
-  // A row that saw no key has lse -inf; +inf makes its P exactly 0, so its gradients are 0.
-  auto lse = softmax_lse.reshape({s.batch, s.heads_kv, q_rows.size(2), 1});
-  lse = at::where(lse == -kInf, at::full_like(lse, kInf), lse);
-
-  auto dq = at::zeros_like(q_rows);
-  auto dk = at::zeros_like(k_f);
-  auto dv = at::zeros_like(v_f);
-  for (int64_t key_begin = 0; key_begin < s.seqlen_k; key_begin += kKeyChunk) {
-    const int64_t len = std::min(kKeyChunk, s.seqlen_k - key_begin);
-    const auto k_chunk = k_f.narrow(2, key_begin, len);
-    const auto v_chunk = v_f.narrow(2, key_begin, len);
-    auto probs = (scaled_scores(q_rows, k_chunk, scale, s, key_begin, causal) - lse).exp_();
-    dv.narrow(2, key_begin, len).add_(at::matmul(probs.transpose(-2, -1), dout_rows));
-    auto dscores = probs * (at::matmul(dout_rows, v_chunk.transpose(-2, -1)) - delta);
-    dq.add_(at::matmul(dscores, k_chunk));
-    dk.narrow(2, key_begin, len).add_(at::matmul(dscores.transpose(-2, -1), q_rows));
+  if (q.scalar_type() == ScalarType::Half) {
+    backward_impl<torch::headeronly::Half>(dout, q, k, v, out, softmax_lse, g, s, scale, causal);
+  } else {
+    backward_impl<torch::headeronly::BFloat16>(dout, q, k, v, out, softmax_lse, g, s, scale, causal);
   }
-  g.dq.copy_(dq.mul_(scale).view({s.batch, s.heads_q, s.seqlen_q, s.head_dim}));
-  g.dk.copy_(dk.mul_(scale));
-  g.dv.copy_(dv);
   return {g.dq, g.dk, g.dv};
 }
 

@@ -1,21 +1,21 @@
-// The CPU implementation of the ops: correct, not fast. ATen ops in float32 over chunks of keys
-// with the online softmax, so memory stays O(Sq · chunk) per head instead of O(Sq · Sk).
+// The CPU implementation of the ops: correct, not fast. Plain loops in float32 over the tensors'
+// memory (any strides), parallel over query rows or key rows with std::thread, so it needs nothing
+// from torch beyond the stable ABI's tensor accessors.
 #pragma once
 
 #include <optional>
 #include <tuple>
 
-#include <ATen/core/Tensor.h>
+#include "stable.h"
 
 namespace fa::torch_binding {
 
-std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Tensor& k,
-                                               const at::Tensor& v, std::optional<double> softmax_scale,
-                                               bool causal);
+std::tuple<Tensor, Tensor> forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       std::optional<double> softmax_scale, bool causal);
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& softmax_lse, std::optional<double> softmax_scale,
-    bool causal);
+std::tuple<Tensor, Tensor, Tensor> backward_cpu(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                const Tensor& v, const Tensor& out,
+                                                const Tensor& softmax_lse,
+                                                std::optional<double> softmax_scale, bool causal);
 
 }  // namespace fa::torch_binding

@@ -1,16 +1,15 @@
 // The CUDA implementations of the fa ops: argument checks, output allocation, the choice of a
 // kernel (family, dtype, head dim, causal) for the device, and the launch on the current stream.
+// Built into its own library (_C_cuda.so), the only one that imports from torch's CUDA library
+// (libtorch_cuda: the current stream), so the CPU library loads under any torch.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
 
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
-#include <torch/library.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>  // aoti_torch_get_current_cuda_stream (USE_CUDA)
+#include <torch/csrc/stable/accelerator.h>
 
 #include "checks.h"
 #include "fa/build_config.h"
@@ -22,40 +21,51 @@ namespace {
 
 constexpr int64_t kMaxGridYZ = 65535;  // heads and batch index gridDim.y and .z
 
+void check_cuda(cudaError_t err, const char* op) {
+  FA_CHECK(err == cudaSuccess, op, ": CUDA error: ", cudaGetErrorString(err));
+}
+
 // The device's compute capability as an arch name: 80, 86, 90a (Hopper is built as 90a).
-std::string device_arch(const at::Tensor& t) {
+std::string device_arch(const Tensor& t, const char* op) {
   int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.device().index()));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.device().index()));
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.get_device_index()), op);
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.get_device_index()), op);
   return std::to_string(major * 10 + minor) + (major == 9 && minor == 0 ? "a" : "");
 }
 
+// torch's current stream on the tensor's device: the kernels run on it (CUDA graphs capture them).
+cudaStream_t current_stream(const Tensor& t) {
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
+  return static_cast<cudaStream_t>(stream);
+}
+
 // The GPU must be sm80 or newer (cp.async, bf16 mma.sync). Returns its arch name.
-std::string check_device(const at::Tensor& t, const char* op) {
-  std::string arch = device_arch(t);
-  TORCH_CHECK(std::stoi(arch) >= 80, op, ": fa's CUDA kernels need compute capability 8.0 or newer ",
-              "(cp.async, bf16 mma.sync); ", t.device(), " is sm_", arch);
+std::string check_device(const Tensor& t, const char* op) {
+  std::string arch = device_arch(t, op);
+  FA_CHECK(std::stoi(arch) >= 80, op, ": fa's CUDA kernels need compute capability 8.0 or newer ",
+           "(cp.async, bf16 mma.sync); ", device_name(t), " is sm_", arch);
   return arch;
 }
 
-[[noreturn]] void raise_launch_error(cudaError_t err, const at::Tensor& t, const char* op) {
-  const std::string arch = device_arch(t);
-  TORCH_CHECK(err != cudaErrorNoKernelImageForDevice && err != cudaErrorInvalidDeviceFunction, op,
-              ": this build of fa has kernels for sm ", build_config::kCudaArchs, " but ", t.device(),
-              " is sm_", arch, "; rebuild with -C cmake.define.FA_CUDA_ARCHS=", arch);
-  TORCH_CHECK(false, op, ": CUDA error: ", cudaGetErrorString(err));
+[[noreturn]] void raise_launch_error(cudaError_t err, const Tensor& t, const char* op) {
+  const std::string arch = device_arch(t, op);
+  FA_CHECK(err != cudaErrorNoKernelImageForDevice && err != cudaErrorInvalidDeviceFunction, op,
+           ": this build of fa has kernels for sm ", build_config::kCudaArchs, " but ", device_name(t),
+           " is sm_", arch, "; rebuild with -C cmake.define.FA_CUDA_ARCHS=", arch);
+  fail(op, ": CUDA error: ", cudaGetErrorString(err));
 }
 
 // The kernels read and write 16-byte vectors, so every row must start 16-byte aligned: the data
 // pointer and the batch, head and row strides in multiples of 8 elements. A view that is not (an
 // odd storage offset, say) is copied; outputs are allocated aligned.
-at::Tensor aligned_for_kernels(const at::Tensor& t) {
+Tensor aligned_for_kernels(const Tensor& t) {
   bool aligned = reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
   for (int d = 0; d < 3; ++d) aligned = aligned && (t.size(d) <= 1 || t.stride(d) % 8 == 0);
-  return aligned ? t : t.clone(at::MemoryFormat::Contiguous);
+  return aligned ? t : contiguous_copy(t);
 }
 
-Strides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+Strides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
 // The kernel families, and which one serves a forward call.
 enum class Family { kSm80, kSm90 };
@@ -82,8 +92,8 @@ int kernel_head_dim(int64_t head_dim, const char* op) {
   if (best == 0) {
     std::string built;
     for (int d : build_config::kHeadDims) built += " " + str_of(int64_t(d));
-    TORCH_CHECK(false, op, ": head_dim ", str_of(head_dim), " needs a kernel for a head dim >= ",
-                str_of(head_dim), "; this build has head dims", built, " (FA_HEAD_DIMS)");
+    fail(op, ": head_dim ", str_of(head_dim), " needs a kernel for a head dim >= ", str_of(head_dim),
+         "; this build has head dims", built, " (FA_HEAD_DIMS)");
   }
   return best;
 }
@@ -102,13 +112,13 @@ ForwardKernels forward_kernels(const std::string& arch, int64_t head_dim, const 
   const std::string want = env ? env : "";
   const int sm90_head_dim = arch == "90a" ? family_head_dim(Family::kSm90, head_dim) : 0;
   if (want == "sm90") {
-    TORCH_CHECK(sm90_head_dim != 0, op, ": FA_KERNEL_FAMILY=sm90, but the Hopper family cannot serve this call: ",
+    FA_CHECK(sm90_head_dim != 0, op, ": FA_KERNEL_FAMILY=sm90, but the Hopper family cannot serve this call: ",
                 arch != "90a" ? "the device is sm_" + arch + ", not sm_90a"
                 : !build_config::kSm90Forward ? std::string("this build has no Hopper kernels (FA_CUDA_ARCHS lacks 90a)")
                 : "this build has no Hopper kernel for head dim " + str_of(head_dim) + " (FA_HEAD_DIMS)");
   } else {
-    TORCH_CHECK(want.empty() || want == "auto" || want == "sm80", op,
-                ": the environment variable FA_KERNEL_FAMILY must be sm80, sm90 or auto, got '", want, "'");
+    FA_CHECK(want.empty() || want == "auto" || want == "sm80", op,
+             ": the environment variable FA_KERNEL_FAMILY must be sm80, sm90 or auto, got '", want, "'");
   }
   if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim};
   return {Family::kSm80, kernel_head_dim(head_dim, op)};
@@ -124,7 +134,7 @@ constexpr bool built(int head_dim) {
 // Calls fn(ElementTag{}, integral_constant<head dim>{}, bool_constant<causal>{}) for the runtime
 // choice. Only the combinations this build holds for the family are instantiated.
 template <Family kFamily, class Fn>
-cudaError_t dispatch(at::ScalarType dtype, int head_dim, bool causal, const char* op, Fn&& fn) {
+cudaError_t dispatch(ScalarType dtype, int head_dim, bool causal, const char* op, Fn&& fn) {
   auto with_head_dim = [&](auto tag) -> cudaError_t {
     auto with_causal = [&](auto hd) -> cudaError_t {
       return causal ? fn(tag, hd, std::true_type{}) : fn(tag, hd, std::false_type{});
@@ -141,33 +151,33 @@ cudaError_t dispatch(at::ScalarType dtype, int head_dim, bool causal, const char
       FA_HEAD_DIM_CASE(256)
 #undef FA_HEAD_DIM_CASE
     }
-    TORCH_CHECK(false, op, ": no kernel for head dim ", str_of(int64_t(head_dim)));
+    fail(op, ": no kernel for head dim ", str_of(int64_t(head_dim)));
   };
   if constexpr (build_config::kFloat16) {
-    if (dtype == at::kHalf) return with_head_dim(Float16{});
+    if (dtype == ScalarType::Half) return with_head_dim(Float16{});
   }
   if constexpr (build_config::kBFloat16) {
-    if (dtype == at::kBFloat16) return with_head_dim(BFloat16{});
+    if (dtype == ScalarType::BFloat16) return with_head_dim(BFloat16{});
   }
-  TORCH_CHECK(false, op, ": this build has no kernels for ", dtype, " (FA_DTYPES)");
+  fail(op, ": this build has no kernels for ", dtype_name(dtype), " (FA_DTYPES)");
 }
 
 void check_grid_limits(const AttentionShape& s, const char* op) {
-  TORCH_CHECK(s.heads_q <= kMaxGridYZ && s.batch <= kMaxGridYZ, op, ": at most ", str_of(kMaxGridYZ),
-              " heads and batch entries are supported, got heads ", str_of(s.heads_q), ", batch ",
-              str_of(s.batch));
-  TORCH_CHECK(s.seqlen_q < (int64_t(1) << 31) && s.seqlen_k < (int64_t(1) << 31), op,
-              ": sequence lengths must be below 2^31");
+  FA_CHECK(s.heads_q <= kMaxGridYZ && s.batch <= kMaxGridYZ, op, ": at most ", str_of(kMaxGridYZ),
+           " heads and batch entries are supported, got heads ", str_of(s.heads_q), ", batch ",
+           str_of(s.batch));
+  FA_CHECK(s.seqlen_q < (int64_t(1) << 31) && s.seqlen_k < (int64_t(1) << 31), op,
+           ": sequence lengths must be below 2^31");
 }
 
-void fill_forward_params(ForwardParams& p, const at::Tensor& q, const at::Tensor& k,
-                         const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+void fill_forward_params(ForwardParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& out, const Tensor& lse,
                          const AttentionShape& s, float scale) {
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
   p.out = out.data_ptr();
-  p.lse = lse.data_ptr<float>();
+  p.lse = static_cast<float*>(lse.data_ptr());
   p.q_stride = strides_of(q);
   p.k_stride = strides_of(k);
   p.v_stride = strides_of(v);
@@ -184,33 +194,32 @@ void fill_forward_params(ForwardParams& p, const at::Tensor& q, const at::Tensor
   p.scale_log2 = scale * static_cast<float>(M_LOG2E);
 }
 
-std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q_in, const at::Tensor& k_in,
-                                                const at::Tensor& v_in,
-                                                std::optional<double> softmax_scale, bool causal) {
+std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                        std::optional<double> softmax_scale, bool causal) {
   constexpr const char* op = "fa.forward";
   const AttentionShape s = check_forward_inputs(q_in, k_in, v_in);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
-  const c10::cuda::CUDAGuard guard(q_in.device());
+  const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
   const std::string arch = check_device(q_in, op);
   ForwardOutputs o = allocate_forward_outputs(q_in, s);
   if (finish_trivial_forward(s, o)) return {o.out, o.lse};
   check_grid_limits(s, op);
 
-  const at::Tensor q = aligned_for_kernels(q_in);
-  const at::Tensor k = aligned_for_kernels(k_in);
-  const at::Tensor v = aligned_for_kernels(v_in);
+  const Tensor q = aligned_for_kernels(q_in);
+  const Tensor k = aligned_for_kernels(k_in);
+  const Tensor v = aligned_for_kernels(v_in);
   ForwardParams p;
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
 
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream(q);
   const ForwardKernels kernels = forward_kernels(arch, s.head_dim, op);
   cudaError_t err;
   if (kernels.family == Family::kSm90) {
     // Causal tiles differ in length: CTAs take the next one from a counter as they finish.
-    at::Tensor tile_counter;
+    std::optional<Tensor> tile_counter;
     if (causal) {
-      tile_counter = at::zeros({1}, q.options().dtype(at::kInt));
-      p.tile_counter = tile_counter.data_ptr<int>();
+      tile_counter = torch::stable::new_zeros(q, {1}, ScalarType::Int);
+      p.tile_counter = static_cast<int*>(tile_counter->data_ptr());
     }
     err = dispatch<Family::kSm90>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
       return sm90::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
@@ -224,35 +233,35 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q_in, const at
   return {o.out, o.lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
-    const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-    const at::Tensor& out_in, const at::Tensor& lse_in, std::optional<double> softmax_scale,
-    bool causal) {
+std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Tensor& q_in,
+                                                 const Tensor& k_in, const Tensor& v_in,
+                                                 const Tensor& out_in, const Tensor& lse_in,
+                                                 std::optional<double> softmax_scale, bool causal) {
   constexpr const char* op = "fa.backward";
   const AttentionShape s = check_backward_inputs(dout_in, q_in, k_in, v_in, out_in, lse_in);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
-  const c10::cuda::CUDAGuard guard(q_in.device());
+  const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
   check_device(q_in, op);
   Gradients g = allocate_gradients(q_in, k_in, v_in);
   if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
   check_grid_limits(s, op);
-  TORCH_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
+  FA_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
 
-  const at::Tensor q = aligned_for_kernels(q_in);
-  const at::Tensor k = aligned_for_kernels(k_in);
-  const at::Tensor v = aligned_for_kernels(v_in);
-  const at::Tensor out = aligned_for_kernels(out_in);
-  const at::Tensor dout = aligned_for_kernels(dout_in);
-  const at::Tensor lse = lse_in.stride(2) == 1 ? lse_in : lse_in.contiguous();
+  const Tensor q = aligned_for_kernels(q_in);
+  const Tensor k = aligned_for_kernels(k_in);
+  const Tensor v = aligned_for_kernels(v_in);
+  const Tensor out = aligned_for_kernels(out_in);
+  const Tensor dout = aligned_for_kernels(dout_in);
+  const Tensor lse = lse_in.stride(2) == 1 ? lse_in : contiguous_copy(lse_in);
 
   // fp32 workspaces: dQ accumulated with atomics, and delta = rowsum(dO ∘ O); rows padded so that
   // every query tile lies inside them, columns as wide as the kernel's head dim.
   const int kernel_hd = kernel_head_dim(s.head_dim, op);
   const int64_t rows = (s.seqlen_q + sm80::kBackwardRowPadding - 1) / sm80::kBackwardRowPadding *
                        sm80::kBackwardRowPadding;
-  const auto fp32 = q.options().dtype(at::kFloat);
-  const at::Tensor dq_accum = at::empty({s.batch, s.heads_q, rows, kernel_hd}, fp32);
-  const at::Tensor delta = at::empty({s.batch, s.heads_q, rows}, fp32);
+  const Tensor dq_accum = torch::stable::new_empty(q, {s.batch, s.heads_q, rows, int64_t(kernel_hd)},
+                                                    ScalarType::Float);
+  const Tensor delta = torch::stable::new_empty(q, {s.batch, s.heads_q, rows}, ScalarType::Float);
 
   BackwardParams p;
   fill_forward_params(p, q, k, v, out, lse, s, scale);
@@ -264,12 +273,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   p.dq_stride = strides_of(g.dq);
   p.dk_stride = strides_of(g.dk);
   p.dv_stride = strides_of(g.dv);
-  p.dq_accum = dq_accum.data_ptr<float>();
-  p.delta = delta.data_ptr<float>();
+  p.dq_accum = static_cast<float*>(dq_accum.data_ptr());
+  p.delta = static_cast<float*>(delta.data_ptr());
   p.seqlen_q_rounded = static_cast<int>(rows);
   p.head_dim_rounded = kernel_hd;
 
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream(q);
   const cudaError_t err = dispatch<Family::kSm80>(q.scalar_type(), kernel_hd, causal, op, [&](auto tag, auto hd, auto c) {
     return sm80::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
   });
@@ -280,7 +289,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
 }  // namespace
 }  // namespace fa::torch_binding
 
-TORCH_LIBRARY_IMPL(fa, CUDA, m) {
-  m.impl("forward", &fa::torch_binding::forward_cuda);
-  m.impl("backward", &fa::torch_binding::backward_cuda);
+STABLE_TORCH_LIBRARY_IMPL(fa, CUDA, m) {
+  m.impl("forward", TORCH_BOX(&fa::torch_binding::forward_cuda));
+  m.impl("backward", TORCH_BOX(&fa::torch_binding::backward_cuda));
 }

@@ -2,23 +2,24 @@
 // kernels in python/fa/_registration.py) agree on shapes and strides.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include "checks.h"
 
 namespace fa::torch_binding {
 
 struct ForwardOutputs {
-  at::Tensor out;  // q's shape and dtype; dense (see empty_like_attention in outputs.cpp)
-  at::Tensor lse;  // (B, Hq, Sq) float32, contiguous
+  Tensor out;  // q's shape and dtype; dense (see empty_like_attention in outputs.cpp)
+  Tensor lse;  // (B, Hq, Sq) float32, contiguous
 };
 
 struct Gradients {
-  at::Tensor dq, dk, dv;  // shaped and laid out like q, k, v
+  Tensor dq, dk, dv;  // shaped and laid out like q, k, v
 };
 
-ForwardOutputs allocate_forward_outputs(const at::Tensor& q, const AttentionShape& s);
-Gradients allocate_gradients(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+ForwardOutputs allocate_forward_outputs(const Tensor& q, const AttentionShape& s);
+Gradients allocate_gradients(const Tensor& q, const Tensor& k, const Tensor& v);
+
+// A dense copy of t, contiguous in (B, H, S, D) order.
+Tensor contiguous_copy(const Tensor& t);
 
 // When there is nothing to multiply (an empty dimension, or no keys at all) these give the outputs
 // their values (out 0 and lse -inf for rows that see no key; zero gradients) and return true.

@@ -76,12 +76,18 @@ def build_info() -> Dict[str, Any]:
     }
     if cfg and not cfg.cuda_version:
         info["no_cuda_reason"] = cfg.no_cuda_reason
+    from ._library import cuda_unavailable_reason
+
+    if cuda_unavailable_reason is not None:
+        info["cuda_unavailable_reason"] = cuda_unavailable_reason
     if torch.cuda.is_available():
         capability = torch.cuda.get_device_capability()
         info["device"] = f"{torch.cuda.get_device_name()} (sm_{capability[0]}{capability[1]})"
-        families = families_for(kernels, archs, capability)
+        families = [] if cuda_unavailable_reason else families_for(kernels, archs, capability)
         info["device_kernel_families"] = families
-        if families:
+        if cuda_unavailable_reason:
+            info["device_kernel_family"] = f"none: {cuda_unavailable_reason}"
+        elif families:
             setting = info["kernel_family_setting"]
             chosen = setting if setting in families else families[-1]
             info["device_kernel_family"] = f"{chosen}: {_FAMILY_DESCRIPTIONS[chosen]}"
