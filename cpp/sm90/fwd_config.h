@@ -24,10 +24,11 @@ struct ForwardConfig {
   static constexpr int kMmaWarpgroups = kBlockM / 64;
   static constexpr int kMmaThreads = kMmaWarpgroups * 128;
   static constexpr int kThreads = kMmaThreads + 128;  // + the producer warpgroup (one warp loads)
-  // setmaxnreg: the producer warpgroup gives registers to the consumers (64K registers a CTA).
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kMmaRegisters = 240;
-  static_assert(kMmaWarpgroups == 2, "written for two consumer warpgroups (ping-pong)");
+  // setmaxnreg: the producer warpgroup gives registers to the consumers (64K registers a CTA):
+  // 24 + 2 x 240, or 32 + 3 x 160 with three consumer warpgroups.
+  static_assert(kMmaWarpgroups == 2 || kMmaWarpgroups == 3, "two or three consumer warpgroups");
+  static constexpr int kProducerRegisters = kMmaWarpgroups == 2 ? 24 : 32;
+  static constexpr int kMmaRegisters = kMmaWarpgroups == 2 ? 240 : 160;
   static_assert(kProducerRegisters * 128 + kMmaRegisters * kMmaThreads <= 65536);
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
@@ -40,7 +41,7 @@ struct ForwardConfig {
   using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, TileQ{}));
   // The output tile has Q's layout; each consumer warpgroup stores its 64 rows on its own, so the
-  // TMA store sees one 64-row half of that layout.
+  // TMA store sees one 64-row slice of that layout.
   using TileOWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDim>>;
   using SmemLayoutOWarpgroup = decltype(cute::composition(
       SmemLayoutQ{}, cute::make_layout(TileOWarpgroup{}, cute::Stride<cute::_1, cute::Int<kBlockM>>{})));

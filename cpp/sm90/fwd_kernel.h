@@ -5,11 +5,13 @@
 // registers. What Hopper changes is who does what:
 //
 //   warpgroup 0, warp 0   producer (fwd_load.h): TMA loads of Q, and of K and V through two
-//                         kStages-deep mbarrier pipelines. 24 registers a thread (setmaxnreg).
-//   warpgroups 1 and 2    consumers (fwd_mainloop.h): 64 query rows each; S = Q Kᵀ and O += P V on
-//                         wgmma, the softmax in between, taking turns at the tensor cores
-//                         (ping-pong) and overlapping each tile's softmax with the previous tile's
-//                         O GEMM. 240 registers a thread. Then the epilogue (fwd_epilogue.h).
+//                         kStages-deep mbarrier pipelines. 24 registers a thread (setmaxnreg; 32
+//                         with three consumer warpgroups).
+//   warpgroups 1 .. W     consumers (fwd_mainloop.h), W = 2 or 3: 64 query rows each; S = Q Kᵀ and
+//                         O += P V on wgmma, the softmax in between, taking turns at the tensor
+//                         cores (ping-pong) and overlapping each tile's softmax with the previous
+//                         tile's O GEMM. 240 registers a thread (160 when W = 3). Then the epilogue
+//                         (fwd_epilogue.h).
 //
 // The grid is persistent: about one CTA per SM, each walking its share of the work tiles in the
 // scheduler's order (tile_scheduler.h: longest first for causal, heads grouped so K and V stay in

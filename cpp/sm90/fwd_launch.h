@@ -17,16 +17,18 @@
 namespace fa::sm90 {
 
 // Tiles per head dim and causality (query rows × keys per step, K/V stages). Starting points from
-// ../shared/HOPPER_NOTES.md, measured in benchmarks/NOTES.md (Hopper family): 128 rows = two
-// consumer warpgroups of 64. Wider key tiles amortise each step's softmax and barriers over more
-// tensor-core work; causal tiles stay narrower, since every query tile's diagonal tile is masked
-// and partly wasted. D = 128: 128 × 160 (the widest whose Q, K/V stages and separate output tile
+// ../shared/HOPPER_NOTES.md, measured in benchmarks/NOTES.md (Hopper family): 64 rows per consumer
+// warpgroup. D = 64: 192 × 128, three consumer warpgroups, so that two warpgroups' GEMMs cover each
+// one's softmax (at D = 64 the GEMMs are short next to the softmax). Wider key tiles amortise each
+// step's softmax and barriers over more tensor-core work; causal tiles stay narrower, since every
+// query tile's diagonal tile is masked and partly wasted. D = 128: 128 × 160 (the widest whose Q, K/V stages and separate output tile
 // fit in 224 KB) measured slower than 128 × 128, which also divides the usual sequence lengths.
 // D = 256: 128 × 80 with two stages fills shared memory (the output tile then reuses Q's buffer).
 template <int kHeadDim, bool kCausal>
 struct ForwardTile;
-template <> struct ForwardTile<64, false>  { static constexpr int kBlockM = 128, kBlockN = 192, kStages = 2; };
-template <> struct ForwardTile<64, true>   { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
+template <bool kCausal> struct ForwardTile<64, kCausal> {
+  static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
+};
 template <> struct ForwardTile<128, false> { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
 template <> struct ForwardTile<128, true>  { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
 template <bool kCausal> struct ForwardTile<256, kCausal> {

@@ -70,8 +70,10 @@ struct ForwardMainloop {
         softmax.template rescale_scores<false>(scores, p.scale_log2);
       }
     };
+    // K[n] is waited for before the turn: a warpgroup that holds the turn while its K tile is still
+    // in flight would keep the other warpgroup's GEMMs off the tensor cores.
+    auto wait_k = [&]() { pipeline_k.consumer_wait(k_state); };
     auto s_gemm = [&]() {
-      pipeline_k.consumer_wait(k_state);
       gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
     };
     auto o_gemm = [&]() {
@@ -85,6 +87,7 @@ struct ForwardMainloop {
 
     clear(acc_o);
     int n = n_blocks - 1;
+    wait_k();
     turns.wait();
     s_gemm();
     turns.pass();
@@ -94,6 +97,7 @@ struct ForwardMainloop {
     probs = convert_fragment<Element>(acc_s);
 
     for (--n; n >= 0; --n) {
+      wait_k();
       turns.wait();
       s_gemm();  // S[n] = Q K[n]ᵀ ...
       o_gemm();  // ... and O += P[n+1] V[n+1] behind it

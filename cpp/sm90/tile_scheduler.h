@@ -26,7 +26,8 @@
 
 #include <cute/config.hpp>
 #include <cute/arch/cluster_sm90.hpp>
-#include <cutlass/arch/barrier.h>
+
+#include "sm90/named_barriers.h"
 
 namespace fa::sm90 {
 
@@ -93,16 +94,16 @@ struct TileHandoff {
 
   // Producer warp. Before the first hand-over the slot is free; after it, wait until it is read.
   CUTE_DEVICE void publish(int next, bool first) const {
-    if (!first) cutlass::arch::NamedBarrier::sync(kThreads, static_cast<uint32_t>(kEmpty));
+    if (!first) barrier_sync(kEmpty, kThreads);
     if (cute::elect_one_sync()) *slot = next;
-    cutlass::arch::NamedBarrier::arrive(kThreads, static_cast<uint32_t>(kFull));
+    barrier_arrive(kFull, kThreads);
   }
 
   // Consumer threads.
   CUTE_DEVICE int receive() const {
-    cutlass::arch::NamedBarrier::sync(kThreads, static_cast<uint32_t>(kFull));
+    barrier_sync(kFull, kThreads);
     const int next = *slot;
-    cutlass::arch::NamedBarrier::arrive(kThreads, static_cast<uint32_t>(kEmpty));
+    barrier_arrive(kEmpty, kThreads);
     return next;
   }
 };
