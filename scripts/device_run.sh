@@ -116,7 +116,7 @@ fi
 if [ "$tests" != skip ]; then
   step "pytest ${tests}"
   # shellcheck disable=SC2086
-  python3 -m pytest -rs ${tests:-tests -q} 2>&1 | tee "$OUT/pytest.log" | tail -40
+  eval "python3 -m pytest -rs ${tests:-tests -q}" 2>&1 | tee "$OUT/pytest.log" | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 
