@@ -52,17 +52,17 @@ step environment
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
   nvcc --version | tail -1; } 2>&1 | tee "$OUT/environment.txt"
 
+# nvidia-cutlass from .whl/: the build needs it, and so do the tests that compile kernel code on
+# the host (test_smem_layouts) in either mode.
+python3 -m pip install -q --no-index --no-deps .whl/nvidia_cutlass-*.whl > "$OUT/install.log" 2>&1
 if [ "$mode" = install ]; then
   step "pip install (nvidia-cutlass from .whl/, then fa)"
-  python3 -m pip install -q --no-index --no-deps .whl/nvidia_cutlass-*.whl > "$OUT/install.log" 2>&1
   # shellcheck disable=SC2086
   /usr/bin/time -f "build wall %e s" python3 -m pip install --no-build-isolation --no-deps -v . ${install_args} \
     >> "$OUT/install.log" 2>&1 || { echo "install failed"; tail -50 "$OUT/install.log"; exit 1; }
   grep -E "build wall|fa:" "$OUT/install.log"
 else
   step "pip install $(ls .carry/wheels/fa-*.whl)"
-  # nvidia-cutlass only for the tests that compile kernel code on the host (test_smem_layouts).
-  python3 -m pip install -q --no-index --no-deps .whl/nvidia_cutlass-*.whl > "$OUT/install.log" 2>&1
   python3 -m pip install --no-deps --force-reinstall .carry/wheels/fa-*.whl >> "$OUT/install.log" 2>&1 \
     || { echo "install failed"; tail -20 "$OUT/install.log"; exit 1; }
 fi

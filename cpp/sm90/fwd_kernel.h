@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   KVPipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before any role uses them
 
-  const TileHandoff<ForwardBarrier, ForwardBarrier::kTileFull, ForwardBarrier::kTileEmpty,
+  const TileHandoff<ForwardBarrier::kTileFull, ForwardBarrier::kTileEmpty,
                     Config::kMmaThreads + 32> handoff{&smem.next_tile};
 
   if (warpgroup == 0) {

@@ -88,7 +88,7 @@ struct TileScheduler {
 // Dynamic scheduling's hand-over of the next tile index from the producer warp to the consumer
 // threads: one shared-memory slot and two named barriers, kFull (the slot holds the next index)
 // and kEmpty (every consumer has read it). Both count the producer warp and the consumers.
-template <class BarrierId, BarrierId kFull, BarrierId kEmpty, int kThreads>
+template <ForwardBarrier kFull, ForwardBarrier kEmpty, int kThreads>
 struct TileHandoff {
   int* slot;
 

@@ -182,8 +182,9 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
         for (int64_t j = begin; j < end; ++j) {
           std::fill(dk_acc.begin(), dk_acc.end(), 0.f);
           std::fill(dv_acc.begin(), dv_acc.end(), 0.f);
+          const int64_t first_query = first_query_seeing(s, causal, j);
           for (int64_t r = 0; r < rows; ++r) {
-            if (r % s.seqlen_q < first_query_seeing(s, causal, j)) continue;
+            if (r % s.seqlen_q < first_query) continue;
             float ds;
             const float p = probs(r, j, &ds);
             axpy(p, &grads[r * d], dv_acc.data(), d);
