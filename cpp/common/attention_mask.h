@@ -34,16 +34,27 @@ struct AttentionMask {
     return cute::min(full_tiles, cute::max(0, (row_begin + diagonal + 1) / block_n));
   }
 
+  // Whether query row `row` may not see key `key`.
+  CUTE_DEVICE bool hides(int row, int key) const {
+    return key >= seqlen_k || (kCausal && key > row + diagonal);
+  }
+
   // scores: an accumulator tile; coords: the (row, key) coordinates of its elements within the
   // tile (an identity tensor partitioned the same way); row0/key0: where the tile starts.
   template <class Scores, class Coords>
   CUTE_DEVICE void apply(Scores& scores, Coords const& coords, int row0, int key0) const {
     CUTE_UNROLL
     for (int i = 0; i < cute::size(scores); ++i) {
-      const int row = row0 + cute::get<0>(coords(i));
-      const int key = key0 + cute::get<1>(coords(i));
-      const bool hidden = key >= seqlen_k || (kCausal && key > row + diagonal);
-      if (hidden) scores(i) = -INFINITY;
+      if (hides(row0 + cute::get<0>(coords(i)), key0 + cute::get<1>(coords(i)))) scores(i) = -INFINITY;
+    }
+  }
+
+  // The same for a transposed tile (keys × rows: the Hopper backward's Sᵀ); coords give (key, row).
+  template <class Scores, class Coords>
+  CUTE_DEVICE void apply_transposed(Scores& scores, Coords const& coords, int row0, int key0) const {
+    CUTE_UNROLL
+    for (int i = 0; i < cute::size(scores); ++i) {
+      if (hides(row0 + cute::get<1>(coords(i)), key0 + cute::get<0>(coords(i)))) scores(i) = -INFINITY;
     }
   }
 };

@@ -2,7 +2,9 @@
 //
 // Pre-pass: delta_i = rowsum(dO_i ∘ O_i), the term every dS_ij of row i subtracts
 //   (dS = P ∘ (dP - delta), since Σ_j P_ij dP_ij = dO_i · O_i), and zeroes the row of the fp32 dQ
-//   workspace that the main kernel accumulates into with atomics.
+//   workspace that the main kernel accumulates into with atomics. For the Hopper family it also
+//   writes lse in log2 units into a padded workspace (BackwardParams::lse_log2), which the main
+//   kernel loads a tile at a time with bulk copies.
 // Post-pass: dQ = scale · workspace, converted to the input dtype and stored with q's strides.
 //
 // The workspace is (B, Hq, seqlen_q_rounded, kHeadDim) fp32, row-major, or with the 8-float
@@ -63,6 +65,7 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
   const auto* out = static_cast<const Element*>(p.out) + batch * p.out_stride.batch + head * p.out_stride.head;
   const int64_t bh = int64_t(batch) * p.heads_q + head;
   float* delta = p.delta + bh * p.seqlen_q_rounded;
+  const float* lse_row = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
   float* accum = p.dq_accum + bh * p.seqlen_q_rounded * p.head_dim_rounded;
 
   for (int pass = 0; pass < Shape::kPasses; ++pass) {
@@ -77,7 +80,13 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
     for (int offset = Shape::kThreadsPerRow / 2; offset > 0; offset /= 2) {
       dot += __shfl_xor_sync(0xffffffffu, dot, offset);
     }
-    if (col == 0) delta[row] = dot;
+    if (col == 0) {
+      delta[row] = dot;
+      if (p.lse_log2 != nullptr) {
+        const float l = row < p.seqlen_q ? lse_row[row] : -INFINITY;
+        p.lse_log2[bh * p.seqlen_q_rounded + row] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
+      }
+    }
     if (col >= kHeadDim) continue;  // the group's spare lanes (kHeadDim 96)
     float4* accum_row = reinterpret_cast<float4*>(accum + int64_t(row) * p.head_dim_rounded + col);
     accum_row[0] = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -55,10 +55,12 @@ CUTE_DEVICE void bulk_reduce_add(float* gmem, const float* smem, int bytes) {
 #endif
 }
 
-// Waits until this thread's bulk reductions have read their shared memory (it may be rewritten).
+// Waits until all but the newest kPending of this thread's bulk reductions have read their shared
+// memory (it may be rewritten).
+template <int kPending = 0>
 CUTE_DEVICE void bulk_reduce_wait_read() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(kPending) : "memory");
 #endif
 }
 

@@ -1,4 +1,4 @@
-// The named barriers of the Hopper-family forward, in one place.
+// The named barriers of the Hopper family's kernels, in one place.
 //
 // Hardware has 16 per CTA; barrier 0 is __syncthreads', so these ids count from 1 (CUTLASS's
 // NamedBarrier would reserve 8 of the 16 for CUTLASS's own collectives, which this kernel does not
@@ -21,16 +21,27 @@ enum class ForwardBarrier : uint32_t {
 };
 static_assert(static_cast<uint32_t>(ForwardBarrier::kTileEmpty) + 1 < 16);
 
+// The backward's (sm90/bwd_kernel.h): all among the two consumer warpgroups.
+enum class BackwardBarrier : uint32_t {
+  kdSFull = 0,    // both warpgroups have written their rows of dSᵀ: the dQ GEMM may read all of it
+  kdQEmpty = 1,   // kdQEmpty + w: warpgroup w's dQ staging buffer has been read by its last reduction
+  kdQFull = 3,    // kdQFull + w: warpgroup w's dQ tile is in shared memory, ready to be added
+  kEpilogue = 5,  // both warpgroups are done with K and V (dK and dV are staged in their place)
+};
+static_assert(static_cast<uint32_t>(BackwardBarrier::kEpilogue) + 1 < 16);
+
 inline constexpr uint32_t kFirstHardwareBarrier = 1;
 
 // bar.sync: wait until `threads` threads (this one included) have arrived at barrier id + offset.
-CUTE_DEVICE void barrier_sync(ForwardBarrier id, int threads, int offset = 0) {
+template <class Barrier>
+CUTE_DEVICE void barrier_sync(Barrier id, int threads, int offset = 0) {
   const uint32_t hw = kFirstHardwareBarrier + static_cast<uint32_t>(id) + offset;
   asm volatile("bar.sync %0, %1;" : : "r"(hw), "r"(threads) : "memory");
 }
 
 // bar.arrive: count this thread at barrier id + offset without waiting.
-CUTE_DEVICE void barrier_arrive(ForwardBarrier id, int threads, int offset = 0) {
+template <class Barrier>
+CUTE_DEVICE void barrier_arrive(Barrier id, int threads, int offset = 0) {
   const uint32_t hw = kFirstHardwareBarrier + static_cast<uint32_t>(id) + offset;
   asm volatile("bar.arrive %0, %1;" : : "r"(hw), "r"(threads) : "memory");
 }

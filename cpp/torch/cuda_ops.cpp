@@ -70,17 +70,21 @@ Strides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride
 // The kernel families, and which one serves a forward call.
 enum class Family { kSm80, kSm90 };
 
-// The smallest head dim >= head_dim that `family` has kernels for (0: none). Its tiles zero-fill the
-// columns past D.
-int family_head_dim(Family family, int64_t head_dim) {
+enum class Direction { kForward, kBackward };
+
+// The smallest head dim >= head_dim that `family` has kernels for in `direction` (0: none). Its
+// tiles zero-fill the columns past D.
+int family_head_dim(Family family, int64_t head_dim, Direction direction = Direction::kForward) {
   int best = 0;
   auto consider = [&](int d) {
     if (d != 0 && d >= head_dim && (best == 0 || d < best)) best = d;
   };
   if (family == Family::kSm80) {
     for (int d : build_config::kHeadDims) consider(d);
-  } else {
+  } else if (direction == Direction::kForward) {
     for (int d : build_config::kSm90HeadDims) consider(d);
+  } else {
+    for (int d : build_config::kSm90BackwardHeadDims) consider(d);
   }
   return best;
 }
@@ -98,42 +102,58 @@ int kernel_head_dim(int64_t head_dim, const char* op) {
   return best;
 }
 
-// The kernels that serve a forward call: a family and its kernel head dim.
-struct ForwardKernels {
+// The kernels that serve a call: a family and its kernel head dim.
+struct Kernels {
   Family family;
   int head_dim;
 };
 
-// The environment variable FA_KERNEL_FAMILY, read at every call, chooses the forward's family
-// (sm80, sm90, or auto / unset). auto takes the Hopper family where it can serve the call (an sm90
-// device, a build with 90a, a native head dim >= D) and the Ampere family otherwise.
-ForwardKernels forward_kernels(const std::string& arch, int64_t head_dim, const char* op) {
+// The environment variable FA_KERNEL_FAMILY, read at every call, chooses the family (sm80, sm90,
+// or auto / unset). auto takes the Hopper family where it can serve the call (an sm90 device, a
+// build with 90a, a native head dim >= D) and the Ampere family otherwise.
+std::string family_setting(const char* op) {
   const char* env = std::getenv("FA_KERNEL_FAMILY");
   const std::string want = env ? env : "";
+  FA_CHECK(want.empty() || want == "auto" || want == "sm80" || want == "sm90", op,
+           ": the environment variable FA_KERNEL_FAMILY must be sm80, sm90 or auto, got '", want, "'");
+  return want;
+}
+
+// The forward: FA_KERNEL_FAMILY=sm90 where the Hopper family cannot serve the call is an error.
+Kernels forward_kernels(const std::string& arch, int64_t head_dim, const char* op) {
+  const std::string want = family_setting(op);
   const int sm90_head_dim = arch == "90a" ? family_head_dim(Family::kSm90, head_dim) : 0;
   if (want == "sm90") {
     FA_CHECK(sm90_head_dim != 0, op, ": FA_KERNEL_FAMILY=sm90, but the Hopper family cannot serve this call: ",
                 arch != "90a" ? "the device is sm_" + arch + ", not sm_90a"
                 : !build_config::kSm90Forward ? std::string("this build has no Hopper kernels (FA_CUDA_ARCHS lacks 90a)")
                 : "this build has no Hopper kernel for head dim " + str_of(head_dim) + " (FA_HEAD_DIMS)");
-  } else {
-    FA_CHECK(want.empty() || want == "auto" || want == "sm80", op,
-             ": the environment variable FA_KERNEL_FAMILY must be sm80, sm90 or auto, got '", want, "'");
   }
   if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim};
   return {Family::kSm80, kernel_head_dim(head_dim, op)};
 }
 
-// Whether this build holds kernels of the family for head_dim.
-template <Family kFamily>
+// The backward: the Hopper family where it has a kernel (head dims up to 128 for now), else the
+// Ampere family, also under FA_KERNEL_FAMILY=sm90 (the forward of those head dims is Hopper's;
+// the pair stays one consistent choice per call).
+Kernels backward_kernels(const std::string& arch, int64_t head_dim, const char* op) {
+  const std::string want = family_setting(op);
+  const int sm90_head_dim = arch == "90a" ? family_head_dim(Family::kSm90, head_dim, Direction::kBackward) : 0;
+  if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim};
+  return {Family::kSm80, kernel_head_dim(head_dim, op)};
+}
+
+// Whether this build holds kernels of the family for head_dim in the direction.
+template <Family kFamily, Direction kDirection>
 constexpr bool built(int head_dim) {
-  return kFamily == Family::kSm80 ? build_config::has_head_dim(head_dim)
-                                  : build_config::has_sm90_head_dim(head_dim);
+  if constexpr (kFamily == Family::kSm80) return build_config::has_head_dim(head_dim);
+  if constexpr (kDirection == Direction::kForward) return build_config::has_sm90_head_dim(head_dim);
+  return build_config::has_sm90_backward_head_dim(head_dim);
 }
 
 // Calls fn(ElementTag{}, integral_constant<head dim>{}, bool_constant<causal>{}) for the runtime
 // choice. Only the combinations this build holds for the family are instantiated.
-template <Family kFamily, class Fn>
+template <Family kFamily, Direction kDirection, class Fn>
 cudaError_t dispatch(ScalarType dtype, int head_dim, bool causal, const char* op, Fn&& fn) {
   auto with_head_dim = [&](auto tag) -> cudaError_t {
     auto with_causal = [&](auto hd) -> cudaError_t {
@@ -142,7 +162,7 @@ cudaError_t dispatch(ScalarType dtype, int head_dim, bool causal, const char* op
     switch (head_dim) {
 #define FA_HEAD_DIM_CASE(D)                                                            \
   case D:                                                                              \
-    if constexpr (built<kFamily>(D)) return with_causal(std::integral_constant<int, D>{});     \
+    if constexpr (built<kFamily, kDirection>(D)) return with_causal(std::integral_constant<int, D>{}); \
     break;
       FA_HEAD_DIM_CASE(32)
       FA_HEAD_DIM_CASE(64)
@@ -212,7 +232,7 @@ std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, 
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
 
   const cudaStream_t stream = current_stream(q);
-  const ForwardKernels kernels = forward_kernels(arch, s.head_dim, op);
+  const Kernels kernels = forward_kernels(arch, s.head_dim, op);
   cudaError_t err;
   if (kernels.family == Family::kSm90) {
     // Causal tiles differ in length: CTAs take the next one from a counter as they finish.
@@ -221,11 +241,11 @@ std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, 
       tile_counter = torch::stable::new_zeros(q, {1}, ScalarType::Int);
       p.tile_counter = static_cast<int*>(tile_counter->data_ptr());
     }
-    err = dispatch<Family::kSm90>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
+    err = dispatch<Family::kSm90, Direction::kForward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
       return sm90::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
     });
   } else {
-    err = dispatch<Family::kSm80>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
+    err = dispatch<Family::kSm80, Direction::kForward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
       return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
     });
   }
@@ -241,7 +261,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
   const AttentionShape s = check_backward_inputs(dout_in, q_in, k_in, v_in, out_in, lse_in);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
-  check_device(q_in, op);
+  const std::string arch = check_device(q_in, op);
   Gradients g = allocate_gradients(q_in, k_in, v_in);
   if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
   check_grid_limits(s, op);
@@ -254,14 +274,18 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
   const Tensor dout = aligned_for_kernels(dout_in);
   const Tensor lse = lse_in.stride(2) == 1 ? lse_in : contiguous_copy(lse_in);
 
-  // fp32 workspaces: dQ accumulated with atomics, and delta = rowsum(dO ∘ O); rows padded so that
-  // every query tile lies inside them, columns as wide as the kernel's head dim.
-  const int kernel_hd = kernel_head_dim(s.head_dim, op);
-  const int64_t rows = (s.seqlen_q + sm80::kBackwardRowPadding - 1) / sm80::kBackwardRowPadding *
-                       sm80::kBackwardRowPadding;
-  const Tensor dq_accum = torch::stable::new_empty(q, {s.batch, s.heads_q, rows, int64_t(kernel_hd)},
+  // fp32 workspaces: dQ accumulated by every key tile, delta = rowsum(dO ∘ O) and (Hopper family)
+  // lse in log2 units; rows padded so that every query tile lies inside them, dQ's columns as wide
+  // as the kernel's head dim.
+  const Kernels kernels = backward_kernels(arch, s.head_dim, op);
+  const int64_t rows = (s.seqlen_q + kBackwardRowPadding - 1) / kBackwardRowPadding * kBackwardRowPadding;
+  const Tensor dq_accum = torch::stable::new_empty(q, {s.batch, s.heads_q, rows, int64_t(kernels.head_dim)},
                                                     ScalarType::Float);
   const Tensor delta = torch::stable::new_empty(q, {s.batch, s.heads_q, rows}, ScalarType::Float);
+  std::optional<Tensor> lse_log2;
+  if (kernels.family == Family::kSm90) {
+    lse_log2 = torch::stable::new_empty(q, {s.batch, s.heads_q, rows}, ScalarType::Float);
+  }
 
   BackwardParams p;
   fill_forward_params(p, q, k, v, out, lse, s, scale);
@@ -275,13 +299,21 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
   p.dv_stride = strides_of(g.dv);
   p.dq_accum = static_cast<float*>(dq_accum.data_ptr());
   p.delta = static_cast<float*>(delta.data_ptr());
+  p.lse_log2 = lse_log2 ? static_cast<float*>(lse_log2->data_ptr()) : nullptr;
   p.seqlen_q_rounded = static_cast<int>(rows);
-  p.head_dim_rounded = kernel_hd;
+  p.head_dim_rounded = kernels.head_dim;
 
   const cudaStream_t stream = current_stream(q);
-  const cudaError_t err = dispatch<Family::kSm80>(q.scalar_type(), kernel_hd, causal, op, [&](auto tag, auto hd, auto c) {
-    return sm80::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
-  });
+  cudaError_t err;
+  if (kernels.family == Family::kSm90) {
+    err = dispatch<Family::kSm90, Direction::kBackward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
+      return sm90::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+    });
+  } else {
+    err = dispatch<Family::kSm80, Direction::kBackward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
+      return sm80::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+    });
+  }
   if (err != cudaSuccess) raise_launch_error(err, q, op);
   return {g.dq, g.dk, g.dv};
 }

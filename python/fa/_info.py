@@ -9,7 +9,7 @@ _FAMILY_DESCRIPTIONS = {
     "sm80": "Ampere family (mma.sync, cp.async, ldmatrix)",
     "sm90": "Hopper family (wgmma, TMA, warp specialisation)",
 }
-FAMILY_ENV = "FA_KERNEL_FAMILY"  # sm80 | sm90 | auto: the forward's family, read at every call
+FAMILY_ENV = "FA_KERNEL_FAMILY"  # sm80 | sm90 | auto: the kernels' family, read at every call
 
 
 def _split(value: str) -> List[str]:
@@ -44,9 +44,10 @@ def build_info() -> Dict[str, Any]:
     """Returns what this build of fa contains, and which kernel family serves the current GPU.
 
     ``device_kernel_families`` lists the families that can run on the current GPU;
-    ``device_kernel_family`` is the one that serves the forward by default (the Hopper family where
-    it can, for head dims up to its largest native one), or the one FA_KERNEL_FAMILY forces. The
-    backward runs on the Ampere family on every GPU.
+    ``device_kernel_family`` is the one that serves a call by default (the Hopper family where it
+    can: the forward for head dims up to its largest native one, the backward for head dims up to
+    the largest in ``sm90_backward_head_dims``), or the one FA_KERNEL_FAMILY forces. A backward the
+    Hopper family has no kernel for runs on the Ampere family, also under FA_KERNEL_FAMILY=sm90.
     """
     from . import __version__
 
@@ -68,6 +69,8 @@ def build_info() -> Dict[str, Any]:
         "kernels": [f"{family} {direction}" for family, direction, *_ in kernels],
         "kernel_families": sorted({family for family, *_ in kernels}),
         "sm90_head_dims": [int(d) for d in _split(getattr(cfg, "sm90_head_dims", ""))] if cfg else [],
+        "sm90_backward_head_dims": (
+            [int(d) for d in _split(getattr(cfg, "sm90_backward_head_dims", ""))] if cfg else []),
         "lineinfo": bool(cfg) and cfg.lineinfo.upper() in ("ON", "TRUE", "1"),
         "device": None,
         "device_kernel_family": None,

@@ -10,6 +10,10 @@
 
 namespace fa {
 
+// Rows of the query tile the backward's workspaces (dQ, delta, lse_log2) are padded to: a multiple
+// of every family's backward query tile.
+inline constexpr int kBackwardRowPadding = 128;
+
 namespace sm80 {
 
 // Ampere family (mma.sync, cp.async, ldmatrix): sm80 and newer.
@@ -19,9 +23,6 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
 template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);
 
-// Rows of the query tile the backward's workspaces are padded to.
-inline constexpr int kBackwardRowPadding = 128;
-
 }  // namespace sm80
 
 namespace sm90 {
@@ -29,6 +30,11 @@ namespace sm90 {
 // Hopper family (wgmma, TMA, warp specialisation): sm90a only. Native head dims 64, 128, 256.
 template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
+
+// Native head dims 64 and 128; params.lse_log2 must be set, and the dQ workspace is laid out in
+// the kernel's own tile order (sm90/bwd_config.h), not row-major.
+template <class ElementTag, int kHeadDim, bool kCausal>
+cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);
 
 }  // namespace sm90
 }  // namespace fa

@@ -54,9 +54,12 @@ struct BackwardParams : ForwardParams {
   void* dv = nullptr;
   Strides dout_stride, dq_stride, dk_stride, dv_stride;
 
-  // Workspaces, both float32 and owned by the caller (sizes from backward_workspace_layout()).
+  // Workspaces, float32 and owned by the caller, written by the pre-pass.
   float* dq_accum = nullptr;   // (B, Hq, seqlen_q_rounded, head_dim_rounded), zeroed by the pre-pass
   float* delta = nullptr;      // (B, Hq, seqlen_q_rounded): rowsum(dO ∘ O)
+  // Hopper family only (else null): (B, Hq, seqlen_q_rounded), lse · log2(e) with +inf for a row
+  // that sees no key or lies past seqlen_q, so that exp2(s · scale_log2 - lse_log2) is P (0 there).
+  float* lse_log2 = nullptr;
   int seqlen_q_rounded = 0;
   int head_dim_rounded = 0;
 };

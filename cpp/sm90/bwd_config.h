@@ -1,0 +1,129 @@
+// The Hopper-family backward's configuration: tile shape, shared-memory layouts, the five wgmma
+// GEMMs and the shared-memory plan.
+//
+// A CTA owns kBlockN keys (64 per consumer warpgroup: one wgmma M) and walks query tiles of
+// kBlockM rows. The scores are computed transposed, Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (keys × queries),
+// so that each warpgroup's Pᵀ and dSᵀ accumulators are, once converted to fp16/bf16, the register
+// A operands of its own dV += Pᵀ dO and dK += dSᵀ Q (keys × head dim). dQ = dS K needs every key:
+// dSᵀ goes through shared memory and the two warpgroups split dQ's columns.
+#pragma once
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "sm90/fwd_config.h"
+
+namespace fa::sm90 {
+
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kdQStages_ = 2,
+          bool kdQAlongM_ = (kBlockM_ >= 128)>
+struct BackwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // query rows per step
+  static constexpr int kBlockN = kBlockN_;  // keys of the CTA
+  static constexpr int kStages = kStages_;  // Q (with its lse) and dO (with its delta) buffers each
+
+  static constexpr int kMmaWarpgroups = 2;
+  static constexpr int kMmaThreads = kMmaWarpgroups * 128;
+  static constexpr int kThreads = kMmaThreads + 128;  // + the producer warpgroup (one warp loads)
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kMmaRegisters = 240;
+  static_assert(kBlockN == 64 * kMmaWarpgroups, "64 keys per consumer warpgroup");
+  static_assert(kBlockM % 64 == 0 && kHeadDim % 64 == 0, "whole 128-byte swizzle rows");
+
+  using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
+  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TileSt = cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>;  // keys × queries
+
+  // Every tile in the 128-byte swizzle (rows of 64 elements) that TMA and wgmma read without bank
+  // conflicts. Each is also read transposed by one GEMM: the same bytes seen with the other mode
+  // contiguous (MN-major), as the forward reads V.
+  using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{}, cute::make_ordered_layout(
+                         cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
+                         cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(SmemAtom{}, TileKV{}));
+  using SmemLayoutKt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+                                                cute::Step<cute::_2, cute::_1>{})));
+  // dSᵀ as the consumers write it (keys × queries, queries contiguous), two buffers so that one
+  // barrier a step suffices; dS as the dQ GEMM reads it (queries × keys, MN-major).
+  using SmemLayoutdSt = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::_2>{}));
+  using SmemLayoutdS = decltype(cute::composition(
+      SmemLayoutdSt{}, cute::make_ordered_layout(
+                           cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::_2>{},
+                           cute::Step<cute::_2, cute::_1, cute::_3>{})));
+
+  // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ: both operands in shared memory, warpgroups along the keys.
+  using AlongM = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
+  using TiledMmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kBlockM>, cute::Int<kHeadDim>>>(),
+      AlongM{}));
+  // dV += Pᵀ dO, dK += dSᵀ Q: A from registers (the converted Sᵀ-shaped accumulators), B = dO or Q
+  // read as head dim × queries.
+  using TiledMmadKV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      AlongM{}));
+  // dQ = dS K: dS and K both MN-major from shared memory. The warpgroups split the query rows
+  // where there are 128 (wgmma N = the head dim), else the head dim (N = D / 2).
+  static constexpr bool kdQAlongM = kdQAlongM_;
+  static_assert(!kdQAlongM || kBlockM % (64 * kMmaWarpgroups) == 0);
+  static constexpr int kdQColumns = kdQAlongM ? kHeadDim : kHeadDim / kMmaWarpgroups;
+  using TiledMmadQ = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kdQColumns>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
+      std::conditional_t<kdQAlongM, AlongM, cute::Layout<cute::Shape<cute::_1, cute::Int<kMmaWarpgroups>, cute::_1>>>{}));
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+
+  static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr int kRowBytes = kBlockM * sizeof(float);  // a tile's lse or delta values
+  static constexpr int kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+  // Each warpgroup's share of the dQ tile (kBlockM · D / 2 fp32) in the order of its accumulator
+  // registers: see dq_staging_offset(). kdQStages buffers: a warpgroup's bulk reduction of one step
+  // may still be reading its buffer while the next step stages into the other.
+  static constexpr int kdQWarpgroupFloats = kBlockM * kHeadDim / kMmaWarpgroups;
+  static constexpr int kdQStages = kdQStages_;
+  // Order of a step's last GEMMs: dQ before dK, so that dQ is staged while dK runs (measured
+  // +2-4% at D = 128), or dK first and dQ staged after both (at kBlockM = 128 the other order has
+  // dQ's accumulator live beside dSᵀ's registers and spills).
+  static constexpr bool kDqBeforeDk = kBlockM < 128;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutQ{}))::value, 1024> q;
+    cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutQ{}))::value, 1024> dout;
+    cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutKV{}))::value, 1024> k;
+    cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutKV{}))::value, 1024> v;
+    cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutdSt{}))::value, 1024> ds;
+    cute::array_aligned<float, kdQStages * kMmaWarpgroups * kdQWarpgroupFloats, 128> dq;
+    cute::array_aligned<float, kStages * kBlockM, 128> lse_log2;  // with Q
+    cute::array_aligned<float, kStages * kBlockM, 128> delta;     // with dO
+    typename Pipeline::SharedStorage pipeline_q;
+    typename Pipeline::SharedStorage pipeline_do;
+    uint64_t kv_full;  // transaction barrier of the K and V tiles
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= kMaxSmemBytes, "tile does not fit in shared memory");
+
+  // Where value i of consumer thread mma_tid's dQ accumulator lies in the staging buffer (and in
+  // the workspace tile the buffer is added to): groups of 4 consecutive registers are 16-byte
+  // vectors, and the 128 threads of a warpgroup store theirs side by side, so each warp's vector
+  // store covers 512 contiguous bytes (no bank conflicts). The convert pass reads it back the same way.
+  CUTE_HOST_DEVICE static constexpr int dq_staging_offset(int mma_tid, int i) {
+    return (mma_tid / 128) * kdQWarpgroupFloats + ((i / 4) * 128 + mma_tid % 128) * 4 + i % 4;
+  }
+};
+
+}  // namespace fa::sm90

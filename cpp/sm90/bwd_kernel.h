@@ -1,0 +1,266 @@
+// The Hopper-family backward kernel: FlashAttention's backward on wgmma, TMA and warp
+// specialisation.
+//
+// Algorithm (as the Ampere family's, sm80/bwd_kernel.h): a CTA owns kBlockN keys of one (batch, kv
+// head), keeps K, V and the dK, dV accumulators, and walks every query tile that sees its keys, for
+// each query head of the group (GQA: dK and dV summed in registers). Per query tile it recomputes
+//   Sᵀ = K Qᵀ,  Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e)    (lse saved by the forward, P never stored)
+//   dPᵀ = V dOᵀ,  dSᵀ = Pᵀ ∘ (dPᵀ - delta)              (delta = rowsum(dO ∘ O), from the pre-pass)
+//   dV += Pᵀ dO,  dK += dSᵀ Q                           (Pᵀ, dSᵀ straight from registers)
+//   dQ = dS K -> an fp32 workspace tile, added by a bulk reduction (cp.reduce.async.bulk)
+// and the post-pass scales and converts dQ (bwd_launch.h).
+//
+// Roles (bwd_config.h has the tile shapes):
+//   warpgroup 0, warp 0   producer (bwd_load.h): K, V once; Q + lse and dO + delta per step
+//                         through two kStages-deep pipelines. 24 registers a thread.
+//   warpgroups 1, 2       consumers: 64 keys each for Sᵀ, dPᵀ, dV, dK; half of dQ's columns each.
+//                         240 registers a thread.
+// A step of a consumer warpgroup: issue Sᵀ and dPᵀ; Pᵀ once Sᵀ is done; issue dV += Pᵀ dO; dSᵀ
+// once dPᵀ is done; write dSᵀ to shared memory (double-buffered); wait for the other warpgroup's
+// half (kdSFull); issue dQ = dS K and dK += dSᵀ Q (dK before the dSᵀ store where kDqBeforeDk is
+// false); once dQ is done, stage it in shared memory and add it to the workspace (one thread per
+// warpgroup issues the bulk reduction, which runs on while the next steps compute); once dK is
+// done, release Q and dO.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "common/attention_mask.h"
+#include "common/fragment_convert.h"
+#include "fa/params.h"
+#include "sm80/dq_reduce.h"
+#include "sm90/bwd_load.h"
+#include "sm90/fragments.h"
+#include "sm90/named_barriers.h"
+#include "sm90/wgmma.h"
+
+namespace fa::sm90 {
+
+template <class TmaQ, class TmaK, class TmaKVStore>
+struct BackwardKernelParams {
+  BackwardParams attn;
+  TmaQ tma_q;
+  TmaQ tma_do;
+  TmaK tma_k;
+  TmaK tma_v;
+  TmaKVStore tma_dk;
+  TmaKVStore tma_dv;
+};
+
+template <class Config, bool kCausal, class Params>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    backward_kernel(const __grid_constant__ Params params) {
+  using namespace cute;
+  using Element = typename Config::Element;
+  using Pipeline = typename Config::Pipeline;
+  using Storage = typename Config::SharedStorage;
+  constexpr int kBlockM = Config::kBlockM;
+  constexpr int kBlockN = Config::kBlockN;
+  extern __shared__ char smem_raw[];
+  Storage& smem = *reinterpret_cast<Storage*>(smem_raw);
+  const BackwardParams& p = params.attn;
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+
+  if (warp == 0 && elect_one_sync()) {
+    cutlass::arch::ClusterTransactionBarrier::init(&smem.kv_full, 1);
+  }
+  typename Pipeline::Params pipeline_params;
+  pipeline_params.transaction_bytes = Config::kQBytes + Config::kRowBytes;
+  pipeline_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
+                                        : Pipeline::ThreadCategory::Consumer;
+  pipeline_params.is_leader = threadIdx.x == 0;
+  pipeline_params.num_consumers = Config::kMmaThreads;
+  Pipeline pipeline_q(smem.pipeline_q, pipeline_params, Shape<_1, _1, _1>{});
+  Pipeline pipeline_do(smem.pipeline_do, pipeline_params, Shape<_1, _1, _1>{});
+  __syncthreads();  // barriers initialised before any role uses them
+
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+    if (warp == 0) BackwardLoad<Config, kCausal>::run(params, smem, pipeline_q, pipeline_do);
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
+  const int mma_tid = threadIdx.x - 128;
+  const int wg = mma_tid / 128;                // consumer warpgroup 0 or 1
+  const bool issuer = mma_tid % 128 == 0;      // issues this warpgroup's bulk reductions
+  const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
+  const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, n_block, head_kv);
+  const AttentionMask<kCausal> mask(p.seqlen_q, p.seqlen_k);
+  const int key_begin = n_block * kBlockN;
+
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
+  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQt{});
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
+  Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKt{});
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
+  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdSt{});
+  Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdS{});
+
+  // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ.
+  typename Config::TiledMmaSdP mma_sdp;
+  auto thr_sdp = mma_sdp.get_thread_slice(mma_tid);
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // descriptors (MMA, MMA_M, MMA_K)
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA, MMA_N, MMA_K, stages)
+  Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(typename Config::TileSt{}));  // (key, query)
+  auto score_coords = rowcol_view(tScS);
+  // dV += Pᵀ dO and dK += dSᵀ Q.
+  typename Config::TiledMmadKV mma_dkv;
+  auto thr_dkv = mma_dkv.get_thread_slice(mma_tid);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stages)
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
+  Tensor acc_dk = partition_fragment_C(mma_dkv, typename Config::TileKV{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, typename Config::TileKV{});
+  clear(acc_dk);
+  clear(acc_dv);
+  // dQ = dS K.
+  typename Config::TiledMmadQ mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(mma_tid);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);   // (MMA, MMA_M, MMA_K, 2 buffers)
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+  // dSᵀ: registers -> shared memory with stmatrix.
+  auto copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+  auto thr_copy_ds = copy_ds.get_thread_slice(mma_tid);
+  Tensor tdSsdS = thr_copy_ds.partition_D(sdSt);      // (CPY, CPY_M, CPY_N, 2 buffers)
+
+  typename Pipeline::PipelineState q_state, do_state;
+  // Waited for even with no step: the epilogue reuses K's and V's buffers.
+  cutlass::arch::ClusterBarrier::wait(&smem.kv_full, 0);
+
+  // dQ of a step: staged in shared memory (buffer t % kdQStages, once this warpgroup's reduction
+  // from kdQStages steps back has read it) and added to the workspace tile of (batch, head,
+  // m_block) by one thread.
+  auto add_dq = [&](int t, auto const& acc_dq) {
+    float* staging = smem.dq.data() + (t % Config::kdQStages) * Config::kMmaWarpgroups * Config::kdQWarpgroupFloats;
+    if (issuer) sm80::bulk_reduce_wait_read<Config::kdQStages - 1>();
+    barrier_sync(BackwardBarrier::kdQEmpty, 128, wg);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dq); i += 4) {
+      *reinterpret_cast<float4*>(staging + Config::dq_staging_offset(mma_tid, i)) =
+          make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+    }
+    sm80::fence_shared_for_bulk_copy();
+    barrier_sync(BackwardBarrier::kdQFull, 128, wg);
+    if (issuer) {
+      const int64_t row = (int64_t(batch) * p.heads_q + steps.head(t)) * p.seqlen_q_rounded +
+                          steps.m_block(t) * kBlockM;
+      sm80::bulk_reduce_add(p.dq_accum + row * Config::kHeadDim + wg * Config::kdQWarpgroupFloats,
+                            staging + wg * Config::kdQWarpgroupFloats,
+                            Config::kdQWarpgroupFloats * int(sizeof(float)));
+    }
+  };
+
+  for (int t = 0; t < steps.count; ++t) {
+    const int row_begin = steps.m_block(t) * kBlockM;
+    const int q_stage = q_state.index(), do_stage = do_state.index();
+
+    Tensor acc_s = partition_fragment_C(mma_sdp, typename Config::TileSt{});
+    Tensor acc_dp = partition_fragment_C(mma_sdp, typename Config::TileSt{});
+    pipeline_q.consumer_wait(q_state);
+    gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), acc_s);
+    pipeline_do.consumer_wait(do_state);
+    gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tdPrV, tdPrdO(_, _, _, do_stage), acc_dp);
+
+    // Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e); the pre-pass stored lse·log2e, +inf for rows that
+    // see no key or lie past seqlen_q (their P is 0). Masked: keys past seqlen_k (K is zero-filled
+    // there, but exp2(-lse) could overflow) and, causal, keys after a row's diagonal.
+    gemm_wait<1>(acc_s);
+    const bool needs_mask = key_begin + kBlockN > p.seqlen_k ||
+                            (kCausal && key_begin + kBlockN - 1 > row_begin + mask.diagonal);
+    if (needs_mask) mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
+    auto probs = rowcol_view(acc_s);
+    const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(probs); ++c) {
+      const float row_lse = lse_log2[get<1>(score_coords(0, c))];
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(probs); ++r) {
+        probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - row_lse);
+      }
+    }
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
+    gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
+
+    // dSᵀ = Pᵀ ∘ (dPᵀ - delta).
+    gemm_wait<1>(acc_dp);
+    auto dscores = rowcol_view(acc_dp);
+    const float* delta = smem.delta.data() + do_stage * kBlockM;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(dscores); ++c) {
+      const float row_delta = delta[get<1>(score_coords(0, c))];
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(dscores); ++r) {
+        dscores(r, c) = probs(r, c) * (dscores(r, c) - row_delta);
+      }
+    }
+    Tensor rdS = convert_fragment<Element>(acc_dp);
+    Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_a_operand(acc_dp.layout()));
+    auto dk_gemm = [&]() {
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdKrdS, tdKrQt(_, _, _, q_stage), acc_dk);
+    };
+    if constexpr (!Config::kDqBeforeDk) dk_gemm();
+
+    // dSᵀ to shared memory (buffer t % 2: its previous reader, step t - 2's dQ GEMM, finished
+    // before both warpgroups passed step t - 1's kdSFull), then dQ = dS K over all keys.
+    const int ds_buffer = t % 2;
+    copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
+    barrier_sync(BackwardBarrier::kdSFull, Config::kMmaThreads);
+    Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQ{});
+    Tensor tdQrdS_buffer = tdQrdS(_, _, _, ds_buffer);
+    gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, tdQrKt, acc_dq);
+    if constexpr (Config::kDqBeforeDk) {
+      dk_gemm();
+      gemm_wait<1>(acc_dq);  // dV and dQ done; dK runs on while dQ is staged
+      add_dq(t, acc_dq);
+      gemm_wait<0>(acc_dk);
+    } else {
+      gemm_wait<0>(acc_dq);  // dV, dK and dQ done
+      add_dq(t, acc_dq);
+    }
+    pipeline_q.consumer_release(q_state);
+    pipeline_do.consumer_release(do_state);
+    ++q_state;
+    ++do_state;
+  }
+
+  // Epilogue: dK = scale · Σ dSᵀ Q and dV, converted, staged in K's and V's buffers (once both
+  // warpgroups' last dQ GEMMs have read K) and stored by TMA (rows past seqlen_k are clipped).
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
+  Tensor rdK = convert_fragment<Element>(acc_dk);
+  Tensor rdV = convert_fragment<Element>(acc_dv);
+  auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
+  auto thr_copy_dkv = copy_dkv.get_thread_slice(mma_tid);
+  barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
+  copy(copy_dkv, thr_copy_dkv.retile_S(rdK), thr_copy_dkv.partition_D(sK));
+  copy(copy_dkv, thr_copy_dkv.retile_S(rdV), thr_copy_dkv.partition_D(sV));
+  cutlass::arch::fence_view_async_shared();
+  barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
+  if (mma_tid == 0) {
+    Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
+    Tensor mdV = params.tma_dv.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
+    Tensor gdK = local_tile(mdK(_, _, head_kv, batch), typename Config::TileKV{}, make_coord(n_block, _0{}));
+    Tensor gdV = local_tile(mdV(_, _, head_kv, batch), typename Config::TileKV{}, make_coord(n_block, _0{}));
+    auto [tdKgdK, tdKsdK] = tma_partition(params.tma_dk, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                          group_modes<0, 2>(gdK));
+    auto [tdVgdV, tdVsdV] = tma_partition(params.tma_dv, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                          group_modes<0, 2>(gdV));
+    copy(params.tma_dk, tdKsdK, tdKgdK);
+    copy(params.tma_dv, tdVsdV, tdVgdV);
+    tma_store_arrive();
+    tma_store_wait<0>();
+  }
+  if (issuer) sm80::bulk_reduce_wait_all();
+}
+
+}  // namespace fa::sm90

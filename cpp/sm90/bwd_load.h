@@ -1,0 +1,106 @@
+// The producer of the Hopper-family backward: one warp that loads K and V once, then streams each
+// step's Q tile (with its rows' lse) and dO tile (with its rows' delta) through two pipelines.
+//
+// K and V come by TMA under one transaction barrier (kv_full). Q and dO come by TMA, the 4-byte
+// lse and delta rows by 1-D bulk copies from the pre-pass's padded workspaces, each pair under its
+// pipeline stage's full barrier (PipelineTmaAsync: kStages buffers, the consumers release a buffer
+// once the GEMMs reading it are done).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "common/attention_mask.h"
+#include "fa/params.h"
+
+namespace fa::sm90 {
+
+// The steps of one CTA (key tile n_block of kv head head_kv): for each query head of the kv head's
+// group, the query tiles that see any of its keys, in order. Producer and consumers walk the same list.
+template <int kBlockM, int kBlockN, bool kCausal>
+struct BackwardSteps {
+  int m_begin;  // first query tile that sees a key of the tile
+  int m_tiles;  // query tiles from there to the end
+  int head0;    // first query head of the group
+  int count;    // m_tiles · group
+
+  CUTE_DEVICE BackwardSteps(const ForwardParams& p, int n_block, int head_kv) {
+    const AttentionMask<kCausal> mask(p.seqlen_q, p.seqlen_k);
+    // With kCausal, row i sees key j iff i >= j - diagonal.
+    const int m_end = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    m_begin = kCausal ? cute::max(0, (n_block * kBlockN - mask.diagonal) / kBlockM) : 0;
+    m_begin = cute::min(m_begin, m_end);
+    m_tiles = m_end - m_begin;
+    const int group = p.heads_q / p.heads_kv;
+    head0 = head_kv * group;
+    count = m_tiles * group;
+  }
+  CUTE_DEVICE int head(int t) const { return head0 + t / m_tiles; }
+  CUTE_DEVICE int m_block(int t) const { return m_begin + t % m_tiles; }
+};
+
+// A 1-D bulk copy global -> shared that completes on `barrier` (both addresses 16-byte aligned).
+CUTE_DEVICE void bulk_load(void* smem, const void* gmem, int bytes, uint64_t* barrier) {
+  cute::SM90_BULK_COPY_G2S::copy(gmem, barrier, smem, bytes);
+}
+
+template <class Config, bool kCausal>
+struct BackwardLoad {
+  using Pipeline = typename Config::Pipeline;
+
+  template <class Params, class Storage>
+  CUTE_DEVICE static void run(Params const& params, Storage& smem, Pipeline& pipeline_q,
+                              Pipeline& pipeline_do) {
+    using namespace cute;
+    const BackwardParams& p = params.attn;
+    const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
+    const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, n_block, head_kv);
+    const bool leader = elect_one_sync();
+
+    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
+    Tensor mdO = params.tma_do.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
+    Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
+    Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
+
+    if (leader) {
+      Tensor gK = local_tile(mK(_, _, head_kv, batch), typename Config::TileKV{}, make_coord(n_block, _0{}));
+      Tensor gV = local_tile(mV(_, _, head_kv, batch), typename Config::TileKV{}, make_coord(n_block, _0{}));
+      auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                        group_modes<0, 2>(gK));
+      auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                        group_modes<0, 2>(gV));
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Config::kKVBytes);
+      copy(params.tma_k.with(smem.kv_full), tKgK, tKsK);
+      copy(params.tma_v.with(smem.kv_full), tVgV, tVsV);
+    }
+
+    auto q_state = cutlass::make_producer_start_state<Pipeline>();
+    auto do_state = cutlass::make_producer_start_state<Pipeline>();
+    for (int t = 0; t < steps.count; ++t) {
+      const int head = steps.head(t), m_block = steps.m_block(t);
+      // Row offset of the tile in the (B, Hq, seqlen_q_rounded) workspaces.
+      const int64_t row = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m_block * Config::kBlockM;
+      auto load = [&](Pipeline& pipeline, auto& state, auto const& tma, auto const& m, auto& s,
+                      float* rows_smem, const float* rows_gmem) {
+        pipeline.producer_acquire(state);
+        if (leader) {
+          Tensor g = local_tile(m(_, _, head, batch), typename Config::TileQ{}, make_coord(m_block, _0{}));
+          auto [tg, ts] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s), group_modes<0, 2>(g));
+          uint64_t* barrier = pipeline.producer_get_barrier(state);
+          copy(tma.with(*barrier), tg, ts(_, state.index()));
+          bulk_load(rows_smem + state.index() * Config::kBlockM, rows_gmem + row, Config::kRowBytes, barrier);
+        }
+        ++state;
+      };
+      load(pipeline_q, q_state, params.tma_q, mQ, sQ, smem.lse_log2.data(), p.lse_log2);
+      load(pipeline_do, do_state, params.tma_do, mdO, sdO, smem.delta.data(), p.delta);
+    }
+  }
+};
+
+}  // namespace fa::sm90
