@@ -1,9 +1,10 @@
 """A small odd-length case for compute-sanitizer (memcheck, racecheck, synccheck): the kernels of
 every head dim fa instantiates (32, 64, 96, 128, 256), forward and backward, causal and not, with
 sequence tails, key-tile counts odd and even (the D = 128 Ampere forward's two K/V buffers
-alternate), and head dims between the kernels' (40 runs on 64, 104 on 128); the forward once per
-kernel family the GPU can run (FA_KERNEL_FAMILY), including a causal case with rows that see no key
-and a persistent grid that gives a CTA several tiles."""
+alternate), and head dims between the kernels' (40 runs on 64, 104 on 128); forward and backward
+once per kernel family the GPU can run (FA_KERNEL_FAMILY), including a causal case with rows that
+see no key, a persistent grid that gives a CTA several tiles, and a backward whose key tiles walk
+many query tiles of each head of a GQA group."""
 
 import os
 
