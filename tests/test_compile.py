@@ -69,12 +69,14 @@ def test_build_info():
     info = fa.build_info()
     assert info["version"] == fa.__version__
     for key in ("torch", "cuda_kernels_built", "cuda_archs", "head_dims", "dtypes", "kernels",
-                "kernel_families", "sm90_head_dims", "device", "device_kernel_family",
+                "kernel_families", "sm90_head_dims", "sm90_backward_head_dims", "device", "device_kernel_family",
                 "device_kernel_families", "kernel_family_setting"):
         assert key in info
     if info["cuda_kernels_built"]:
         assert info["cuda_archs"] and info["head_dims"] and "sm80 fwd" in info["kernels"]
         assert ("sm90 fwd" in info["kernels"]) == ("90a" in info["cuda_archs"] and bool(info["sm90_head_dims"]))
+        assert ("sm90 bwd" in info["kernels"]) == ("90a" in info["cuda_archs"] and bool(info["sm90_backward_head_dims"]))
+        assert set(info["sm90_backward_head_dims"]) <= set(info["sm90_head_dims"]) & {64, 128}
     else:
         assert info["no_cuda_reason"]
 
