@@ -131,3 +131,11 @@ def naive_attention_grads(q, k, v, dout, causal=False, scale=None, dtype=torch.f
         dv[:, hs] = p.transpose(-2, -1) @ dos
     fold = lambda t: t.view(b, hk, group, sk, d).sum(dim=2)  # noqa: E731
     return dq, fold(dk), fold(dv)
+
+
+def kernel_names(fn):
+    """The names of the CUDA kernels fn() launches (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import fa
-from helpers import assert_within_lowp_error, naive_attention, poison_cuda_allocator, random_qkv
+from helpers import assert_within_lowp_error, kernel_names, naive_attention, poison_cuda_allocator, random_qkv
 
 
 def grads_of(fn, q, k, v, dout):
@@ -150,13 +150,6 @@ def test_gradients_long_odd_length(device, causal):
     # 4097 rows: a partial last query tile and key tile, and many steps per key tile.
     q, k, v = random_qkv(1, 1, 1, 4097, 4097, 128, torch.bfloat16, device)
     check_backward(q, k, v, causal)
-
-
-def kernel_names(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

@@ -34,6 +34,15 @@ struct AttentionMask {
     return cute::min(full_tiles, cute::max(0, (row_begin + diagonal + 1) / block_n));
   }
 
+  // The first query row that sees key `key` (with kCausal, row i sees key j iff i >= j - diagonal).
+  CUTE_DEVICE int first_row_seeing(int key) const { return kCausal ? cute::max(0, key - diagonal) : 0; }
+
+  // Whether the tile of rows from row_begin × keys [key_begin, key_begin + block_n) needs apply():
+  // it runs past the last key or, with kCausal, its last key lies after its first row's diagonal.
+  CUTE_DEVICE bool tile_needs_mask(int row_begin, int key_begin, int block_n) const {
+    return key_begin + block_n > seqlen_k || (kCausal && key_begin + block_n - 1 > row_begin + diagonal);
+  }
+
   // Whether query row `row` may not see key `key`.
   CUTE_DEVICE bool hides(int row, int key) const {
     return key >= seqlen_k || (kCausal && key > row + diagonal);

@@ -22,6 +22,7 @@
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
+#include "fa/kernels.h"
 #include "fa/params.h"
 
 namespace fa {
@@ -42,10 +43,17 @@ __host__ __device__ __forceinline__ int dq_workspace_col(int row, int col) {
   }
 }
 
+// Where row `row` of query head `head` of batch entry `batch` lies in the (B, Hq, seqlen_q_rounded)
+// row space of the workspaces (delta, lse_log2; dQ's rows of head_dim_rounded floats).
+__host__ __device__ __forceinline__ int64_t backward_workspace_row(const BackwardParams& p, int batch,
+                                                                   int head, int row) {
+  return (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + row;
+}
+
 template <int kHeadDim>
 struct RowPassShape {
   static constexpr int kThreads = 256;
-  static constexpr int kRowsPerBlock = 128;
+  static constexpr int kRowsPerBlock = kBackwardRowPadding;  // the workspaces' row padding
   static constexpr int kVector = 8;
   static constexpr int kThreadsPerRow = kHeadDim <= 32 ? 4 : kHeadDim <= 64 ? 8 : kHeadDim <= 128 ? 16 : 32;
   static constexpr int kRowsPerPass = kThreads / kThreadsPerRow;
@@ -63,10 +71,11 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
   const bool col_ok = col < p.head_dim;
   const auto* dout = static_cast<const Element*>(p.dout) + batch * p.dout_stride.batch + head * p.dout_stride.head;
   const auto* out = static_cast<const Element*>(p.out) + batch * p.out_stride.batch + head * p.out_stride.head;
-  const int64_t bh = int64_t(batch) * p.heads_q + head;
-  float* delta = p.delta + bh * p.seqlen_q_rounded;
-  const float* lse_row = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
-  float* accum = p.dq_accum + bh * p.seqlen_q_rounded * p.head_dim_rounded;
+  const int64_t first_row = backward_workspace_row(p, batch, head, 0);
+  float* delta = p.delta + first_row;
+  const float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+  float* lse_log2 = p.lse_log2 != nullptr ? p.lse_log2 + first_row : nullptr;
+  float* accum = p.dq_accum + first_row * p.head_dim_rounded;
 
   for (int pass = 0; pass < Shape::kPasses; ++pass) {
     const int row = blockIdx.x * Shape::kRowsPerBlock + pass * Shape::kRowsPerPass +
@@ -82,9 +91,9 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
     }
     if (col == 0) {
       delta[row] = dot;
-      if (p.lse_log2 != nullptr) {
-        const float l = row < p.seqlen_q ? lse_row[row] : -INFINITY;
-        p.lse_log2[bh * p.seqlen_q_rounded + row] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
+      if (lse_log2 != nullptr) {
+        const float l = row < p.seqlen_q ? lse[row] : -INFINITY;
+        lse_log2[row] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
       }
     }
     if (col >= kHeadDim) continue;  // the group's spare lanes (kHeadDim 96)
@@ -94,6 +103,18 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
   }
 }
 
+// The grid of both row passes: kRowsPerBlock (= kBackwardRowPadding) rows of one (batch, head) per CTA.
+inline dim3 backward_row_grid(const BackwardParams& p) {
+  return dim3(p.seqlen_q_rounded / kBackwardRowPadding, p.heads_q, p.batch);
+}
+
+template <class Element, int kHeadDim>
+cudaError_t launch_backward_preprocess(const BackwardParams& p, cudaStream_t stream) {
+  backward_preprocess_kernel<Element, kHeadDim>
+      <<<backward_row_grid(p), RowPassShape<kHeadDim>::kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <class Element, int kHeadDim, bool kSwizzle>
 __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
     backward_convert_dq_kernel(const __grid_constant__ BackwardParams p) {
@@ -101,8 +122,7 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
   const int head = blockIdx.y, batch = blockIdx.z;
   const int col = (threadIdx.x % Shape::kThreadsPerRow) * Shape::kVector;
   if (col >= p.head_dim) return;
-  const int64_t bh = int64_t(batch) * p.heads_q + head;
-  const float* accum = p.dq_accum + bh * p.seqlen_q_rounded * p.head_dim_rounded;
+  const float* accum = p.dq_accum + backward_workspace_row(p, batch, head, 0) * p.head_dim_rounded;
   auto* dq = static_cast<Element*>(p.dq) + batch * p.dq_stride.batch + head * p.dq_stride.head;
   cutlass::NumericArrayConverter<Element, float, Shape::kVector> convert;
   for (int pass = 0; pass < Shape::kPasses; ++pass) {

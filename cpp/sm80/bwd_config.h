@@ -45,11 +45,11 @@ struct BackwardConfig {
   // swizzled row atoms. Each is also read transposed (ldmatrix.trans) by one of the GEMMs.
   using SmemQ = SmemTileShape<Element, kHeadDim>;
   using SmemLayoutQ = typename SmemQ::template TileLayout<kBlockM>;
-  using SmemLayoutQt = TransposedLayout<SmemLayoutQ, kBlockM, kHeadDim>;
+  using SmemLayoutQt = TransposedLayout<SmemLayoutQ>;
   using SmemLayoutKV = typename SmemQ::template TileLayout<kBlockN>;
-  using SmemLayoutKVt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;
+  using SmemLayoutKVt = TransposedLayout<SmemLayoutKV>;
   using SmemLayoutPdS = typename SmemTileShape<Element, kBlockN>::template TileLayout<kBlockM>;
-  using SmemLayoutPdSt = TransposedLayout<SmemLayoutPdS, kBlockM, kBlockN>;
+  using SmemLayoutPdSt = TransposedLayout<SmemLayoutPdS>;
 
   using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
   using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;

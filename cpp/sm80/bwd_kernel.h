@@ -66,9 +66,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int keys_left = params.seqlen_k - key_begin;
   const AttentionMask<kCausal> mask(params.seqlen_q, params.seqlen_k);
 
-  // The query tiles that see these keys: with kCausal, row i sees key j iff i >= j - diagonal.
+  // The query tiles that see these keys.
   const int m_end = (params.seqlen_q + kBlockM - 1) / kBlockM;
-  const int m_begin = kCausal ? max(0, (key_begin - mask.diagonal) / kBlockM) : 0;
+  const int m_begin = mask.first_row_seeing(key_begin) / kBlockM;
   const int m_tiles = max(0, m_end - m_begin);
   const int steps = m_tiles * group;
 
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // Row index of step t's first row in the (B, Hq, seqlen_q_rounded) row space of the delta and
   // dQ workspaces.
   auto workspace_row = [&](int t) {
-    return (int64_t(batch) * params.heads_q + step_head(t)) * params.seqlen_q_rounded + step_tile(t) * kBlockM;
+    return backward_workspace_row(params, batch, step_head(t), step_tile(t) * kBlockM);
   };
 
   // The lse and delta of step t's rows, into smem_rows[stage] by 4-byte cp.async (with Q: they
@@ -265,8 +265,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     clear(acc_s);
     gemm_smem_smem(acc_s, tSrQ, thr_copy_a_sdp.retile_D(tSrQ), thr_copy_a_sdp.partition_S(sQ(stage)), copy_a_sdp,
                    tSrK, thr_copy_b_sdp.retile_D(tSrK), tSsK, copy_b_sdp, mma_sdp);
-    const bool crosses_diagonal = kCausal && row_begin + mask.diagonal < key_begin + kBlockN - 1;
-    if (crosses_diagonal || keys_left < kBlockN) mask.apply(acc_s, tScS, row_begin, key_begin);
+    if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) mask.apply(acc_s, tScS, row_begin, key_begin);
     Tensor probs = rowcol_view(acc_s);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {

@@ -30,12 +30,10 @@ cudaError_t launch_backward(const BackwardParams& params, cudaStream_t stream) {
   using Element = typename Config::Element;
   constexpr int kHeadDim = Config::kHeadDim;
   using RowPass = RowPassShape<kHeadDim>;
-  static_assert(RowPass::kRowsPerBlock == kBackwardRowPadding && kBackwardRowPadding % Config::kBlockM == 0);
+  static_assert(kBackwardRowPadding % Config::kBlockM == 0, "query tiles inside the padded workspaces");
   static_assert(Config::kSmemBytes <= 227 * 1024, "more shared memory than an H100 SM has");
 
-  const dim3 row_grid(params.seqlen_q_rounded / RowPass::kRowsPerBlock, params.heads_q, params.batch);
-  backward_preprocess_kernel<Element, kHeadDim><<<row_grid, RowPass::kThreads, 0, stream>>>(params);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launch_backward_preprocess<Element, kHeadDim>(params, stream);
   if (err != cudaSuccess) return err;
 
   auto kernel = &backward_kernel<Config, kCausal>;
@@ -55,7 +53,8 @@ cudaError_t launch_backward(const BackwardParams& params, cudaStream_t stream) {
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
-  backward_convert_dq_kernel<Element, kHeadDim, Config::kDqSwizzle><<<row_grid, RowPass::kThreads, 0, stream>>>(params);
+  backward_convert_dq_kernel<Element, kHeadDim, Config::kDqSwizzle>
+      <<<backward_row_grid(params), RowPass::kThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }
 

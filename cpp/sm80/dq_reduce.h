@@ -2,12 +2,14 @@
 //
 // On sm90 the Ampere-family kernel uses two Hopper additions that need no TMA descriptor:
 // vector reductions (red.global.add.v2.f32) and the bulk reduction of a shared-memory block into
-// global memory (cp.reduce.async.bulk ... .add.f32), which the copy engine performs in L2.
+// global memory (common/bulk_reduce.h), which the copy engine performs in L2.
 #pragma once
 
 #include <cstdint>
 
 #include <cute/config.hpp>
+
+#include "common/bulk_reduce.h"
 
 namespace fa::sm80 {
 
@@ -34,41 +36,6 @@ CUTE_DEVICE void atomic_add_pair(float* dst, float a, float b) {
 CUTE_DEVICE void store_shared_pair(float* smem, float a, float b) {
   const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" :: "r"(addr), "f"(a), "f"(b));
-}
-
-// Makes this thread's ordinary shared-memory writes visible to the bulk copy engine (the async
-// proxy); a barrier after it makes them visible to the thread that issues the reduction.
-CUTE_DEVICE void fence_shared_for_bulk_copy() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
-// gmem[i] += smem[i] for bytes / 4 floats, asynchronously (one thread issues it). Both addresses
-// 16-byte aligned, bytes a multiple of 16.
-CUTE_DEVICE void bulk_reduce_add(float* gmem, const float* smem, int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const auto smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-               :: "l"(gmem), "r"(smem_addr), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-
-// Waits until all but the newest kPending of this thread's bulk reductions have read their shared
-// memory (it may be rewritten).
-template <int kPending = 0>
-CUTE_DEVICE void bulk_reduce_wait_read() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(kPending) : "memory");
-#endif
-}
-
-// Waits until this thread's bulk reductions are complete.
-CUTE_DEVICE void bulk_reduce_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-#endif
 }
 
 }  // namespace fa::sm80

@@ -6,6 +6,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "common/transposed_layout.h"
+
 namespace fa::sm80 {
 
 template <class Element>
@@ -46,13 +48,6 @@ struct SmemTileShape {
   static constexpr int kElemsPerVector = 8;
   static constexpr int kThreadsPerRow = kRowChunk / kElemsPerVector;
 };
-
-// The same bytes seen transposed: a (kCols × kRows) view of a (kRows × kCols) layout, for the GEMM
-// operands read with ldmatrix.trans.
-template <class RowMajorLayout, int kRows, int kCols>
-using TransposedLayout = decltype(cute::composition(
-    RowMajorLayout{},
-    cute::make_layout(cute::Shape<cute::Int<kCols>, cute::Int<kRows>>{}, cute::GenRowMajor{})));
 
 // Global <-> shared copies of SmemTileShape<Element, kCols> tiles by kThreads threads, 16 bytes a
 // thread. Load: cp.async cached in L2 only (.cg), as each tile is read once per CTA, in its
@@ -95,7 +90,7 @@ struct ForwardConfig {
   using SmemLayoutQ = typename Smem::template TileLayout<kBlockM>;
   using SmemLayoutKV = typename Smem::template TileLayout<kBlockN>;
   // O += P V needs V as the (head_dim × keys) B operand.
-  using SmemLayoutVt = TransposedLayout<SmemLayoutKV, kBlockN, kHeadDim>;
+  using SmemLayoutVt = TransposedLayout<SmemLayoutKV>;
   using SmemLayoutO = SmemLayoutQ;  // the output tile is staged where Q was
 
   using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;            // Q, K

@@ -18,8 +18,7 @@
 
 namespace fa::sm90 {
 
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kdQStages_ = 2,
-          bool kdQAlongM_ = (kBlockM_ >= 128)>
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
 struct BackwardConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -45,22 +44,14 @@ struct BackwardConfig {
   using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
-  using SmemLayoutQt = decltype(cute::composition(
-      SmemLayoutQ{}, cute::make_ordered_layout(
-                         cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
-                         cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using SmemLayoutQt = TransposedLayout<SmemLayoutQ>;
   using SmemLayoutKV = decltype(cute::tile_to_shape(SmemAtom{}, TileKV{}));
-  using SmemLayoutKt = decltype(cute::composition(
-      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
-                                                cute::Step<cute::_2, cute::_1>{})));
+  using SmemLayoutKt = TransposedLayout<SmemLayoutKV>;
   // dSᵀ as the consumers write it (keys × queries, queries contiguous), two buffers so that one
   // barrier a step suffices; dS as the dQ GEMM reads it (queries × keys, MN-major).
   using SmemLayoutdSt = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::_2>{}));
-  using SmemLayoutdS = decltype(cute::composition(
-      SmemLayoutdSt{}, cute::make_ordered_layout(
-                           cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::_2>{},
-                           cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using SmemLayoutdS = TransposedLayout<SmemLayoutdSt>;
 
   // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ: both operands in shared memory, warpgroups along the keys.
   using AlongM = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
@@ -77,7 +68,7 @@ struct BackwardConfig {
       AlongM{}));
   // dQ = dS K: dS and K both MN-major from shared memory. The warpgroups split the query rows
   // where there are 128 (wgmma N = the head dim), else the head dim (N = D / 2).
-  static constexpr bool kdQAlongM = kdQAlongM_;
+  static constexpr bool kdQAlongM = kBlockM >= 128;
   static_assert(!kdQAlongM || kBlockM % (64 * kMmaWarpgroups) == 0);
   static constexpr int kdQColumns = kdQAlongM ? kHeadDim : kHeadDim / kMmaWarpgroups;
   using TiledMmadQ = decltype(cute::make_tiled_mma(
@@ -95,7 +86,7 @@ struct BackwardConfig {
   // registers: see dq_staging_offset(). kdQStages buffers: a warpgroup's bulk reduction of one step
   // may still be reading its buffer while the next step stages into the other.
   static constexpr int kdQWarpgroupFloats = kBlockM * kHeadDim / kMmaWarpgroups;
-  static constexpr int kdQStages = kdQStages_;
+  static constexpr int kdQStages = 2;
   // Order of a step's last GEMMs: dQ before dK, so that dQ is staged while dK runs (measured
   // +2-4% at D = 128), or dK first and dQ staged after both (at kBlockM = 128 the other order has
   // dQ's accumulator live beside dSᵀ's registers and spills).

@@ -31,10 +31,11 @@
 #include "common/attention_mask.h"
 #include "common/fragment_convert.h"
 #include "fa/params.h"
-#include "sm80/dq_reduce.h"
+#include "common/bulk_reduce.h"
 #include "sm90/bwd_load.h"
 #include "sm90/fragments.h"
 #include "sm90/named_barriers.h"
+#include "sm90/pipeline.h"
 #include "sm90/wgmma.h"
 
 namespace fa::sm90 {
@@ -68,12 +69,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (warp == 0 && elect_one_sync()) {
     cutlass::arch::ClusterTransactionBarrier::init(&smem.kv_full, 1);
   }
-  typename Pipeline::Params pipeline_params;
-  pipeline_params.transaction_bytes = Config::kQBytes + Config::kRowBytes;
-  pipeline_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
-                                        : Pipeline::ThreadCategory::Consumer;
-  pipeline_params.is_leader = threadIdx.x == 0;
-  pipeline_params.num_consumers = Config::kMmaThreads;
+  // A Q (dO) stage completes with its tile and its rows' lse (delta).
+  const auto pipeline_params = tma_pipeline_params<Pipeline>(Config::kQBytes + Config::kRowBytes, Config::kMmaThreads);
   Pipeline pipeline_q(smem.pipeline_q, pipeline_params, Shape<_1, _1, _1>{});
   Pipeline pipeline_do(smem.pipeline_do, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before any role uses them
@@ -140,19 +137,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // m_block) by one thread.
   auto add_dq = [&](int t, auto const& acc_dq) {
     float* staging = smem.dq.data() + (t % Config::kdQStages) * Config::kMmaWarpgroups * Config::kdQWarpgroupFloats;
-    if (issuer) sm80::bulk_reduce_wait_read<Config::kdQStages - 1>();
+    if (issuer) bulk_reduce_wait_read<Config::kdQStages - 1>();
     barrier_sync(BackwardBarrier::kdQEmpty, 128, wg);
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dq); i += 4) {
       *reinterpret_cast<float4*>(staging + Config::dq_staging_offset(mma_tid, i)) =
           make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
     }
-    sm80::fence_shared_for_bulk_copy();
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
     barrier_sync(BackwardBarrier::kdQFull, 128, wg);
     if (issuer) {
-      const int64_t row = (int64_t(batch) * p.heads_q + steps.head(t)) * p.seqlen_q_rounded +
-                          steps.m_block(t) * kBlockM;
-      sm80::bulk_reduce_add(p.dq_accum + row * Config::kHeadDim + wg * Config::kdQWarpgroupFloats,
+      const int64_t row = steps.workspace_row(p, batch, t);
+      bulk_reduce_add(p.dq_accum + row * Config::kHeadDim + wg * Config::kdQWarpgroupFloats,
                             staging + wg * Config::kdQWarpgroupFloats,
                             Config::kdQWarpgroupFloats * int(sizeof(float)));
     }
@@ -173,9 +169,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // see no key or lie past seqlen_q (their P is 0). Masked: keys past seqlen_k (K is zero-filled
     // there, but exp2(-lse) could overflow) and, causal, keys after a row's diagonal.
     gemm_wait<1>(acc_s);
-    const bool needs_mask = key_begin + kBlockN > p.seqlen_k ||
-                            (kCausal && key_begin + kBlockN - 1 > row_begin + mask.diagonal);
-    if (needs_mask) mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
+    if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) {
+      mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
+    }
     auto probs = rowcol_view(acc_s);
     const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
     CUTE_UNROLL
@@ -247,20 +243,17 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   cutlass::arch::fence_view_async_shared();
   barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
   if (mma_tid == 0) {
+    using TileKV = typename Config::TileKV;
     Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
     Tensor mdV = params.tma_dv.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-    Tensor gdK = local_tile(mdK(_, _, head_kv, batch), typename Config::TileKV{}, make_coord(n_block, _0{}));
-    Tensor gdV = local_tile(mdV(_, _, head_kv, batch), typename Config::TileKV{}, make_coord(n_block, _0{}));
-    auto [tdKgdK, tdKsdK] = tma_partition(params.tma_dk, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                          group_modes<0, 2>(gdK));
-    auto [tdVgdV, tdVsdV] = tma_partition(params.tma_dv, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                          group_modes<0, 2>(gdV));
+    auto [tdKgdK, tdKsdK] = tma_tile<TileKV>(params.tma_dk, mdK, sK, n_block, head_kv, batch);
+    auto [tdVgdV, tdVsdV] = tma_tile<TileKV>(params.tma_dv, mdV, sV, n_block, head_kv, batch);
     copy(params.tma_dk, tdKsdK, tdKgdK);
     copy(params.tma_dv, tdVsdV, tdVgdV);
     tma_store_arrive();
     tma_store_wait<0>();
   }
-  if (issuer) sm80::bulk_reduce_wait_all();
+  if (issuer) bulk_reduce_wait_all();
 }
 
 }  // namespace fa::sm90

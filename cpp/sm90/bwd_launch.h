@@ -42,8 +42,7 @@ __global__ void __launch_bounds__(Config::kMmaThreads)
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int row_begin = m_block * Config::kBlockM;
   const int tid = threadIdx.x;
-  const float* tile = p.dq_accum +
-      ((int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + row_begin) * Config::kHeadDim;
+  const float* tile = p.dq_accum + backward_workspace_row(p, batch, head, row_begin) * Config::kHeadDim;
   Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_stride.batch + head * p.dq_stride.head;
   typename Config::TiledMmadQ mma_dq;
   Tensor coords = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(typename Config::TileQ{}));
@@ -71,12 +70,7 @@ cudaError_t launch_backward(const BackwardParams& p, cudaStream_t stream) {
   using Element = typename Config::Element;
   constexpr int kHeadDim = Config::kHeadDim;
   static_assert(kBackwardRowPadding % Config::kBlockM == 0, "query tiles inside the padded workspaces");
-  using RowPass = RowPassShape<kHeadDim>;
-  static_assert(RowPass::kRowsPerBlock == kBackwardRowPadding);
-
-  const dim3 row_grid(p.seqlen_q_rounded / RowPass::kRowsPerBlock, p.heads_q, p.batch);
-  backward_preprocess_kernel<Element, kHeadDim><<<row_grid, RowPass::kThreads, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launch_backward_preprocess<Element, kHeadDim>(p, stream);
   if (err != cudaSuccess) return err;
 
   auto q_stage = take<0, 2>(typename Config::SmemLayoutQ{});

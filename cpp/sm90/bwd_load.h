@@ -12,6 +12,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "common/attention_mask.h"
+#include "common/backward_rows.h"
 #include "fa/params.h"
 
 namespace fa::sm90 {
@@ -25,12 +26,10 @@ struct BackwardSteps {
   int head0;    // first query head of the group
   int count;    // m_tiles · group
 
-  CUTE_DEVICE BackwardSteps(const ForwardParams& p, int n_block, int head_kv) {
+  CUTE_DEVICE BackwardSteps(const BackwardParams& p, int n_block, int head_kv) {
     const AttentionMask<kCausal> mask(p.seqlen_q, p.seqlen_k);
-    // With kCausal, row i sees key j iff i >= j - diagonal.
     const int m_end = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    m_begin = kCausal ? cute::max(0, (n_block * kBlockN - mask.diagonal) / kBlockM) : 0;
-    m_begin = cute::min(m_begin, m_end);
+    m_begin = cute::min(mask.first_row_seeing(n_block * kBlockN) / kBlockM, m_end);
     m_tiles = m_end - m_begin;
     const int group = p.heads_q / p.heads_kv;
     head0 = head_kv * group;
@@ -38,11 +37,21 @@ struct BackwardSteps {
   }
   CUTE_DEVICE int head(int t) const { return head0 + t / m_tiles; }
   CUTE_DEVICE int m_block(int t) const { return m_begin + t % m_tiles; }
+  // Step t's first row in the workspaces' row space (lse_log2, delta, dQ).
+  CUTE_DEVICE int64_t workspace_row(const BackwardParams& p, int batch, int t) const {
+    return backward_workspace_row(p, batch, head(t), m_block(t) * kBlockM);
+  }
 };
 
-// A 1-D bulk copy global -> shared that completes on `barrier` (both addresses 16-byte aligned).
-CUTE_DEVICE void bulk_load(void* smem, const void* gmem, int bytes, uint64_t* barrier) {
-  cute::SM90_BULK_COPY_G2S::copy(gmem, barrier, smem, bytes);
+// Tile `tile` (along the rows) of head `head` of batch entry `batch` of a TMA tensor m (rows, D,
+// heads, batch), partitioned for a TMA copy to or from the shared-memory tile s (which may have a
+// trailing stage mode): (global, shared).
+template <class Tile, class Tma, class GlobalTensor, class SharedTensor>
+CUTE_DEVICE auto tma_tile(Tma const& tma, GlobalTensor const& m, SharedTensor const& s, int tile, int head,
+                          int batch) {
+  using namespace cute;
+  Tensor g = local_tile(m(_, _, head, batch), Tile{}, make_coord(tile, _0{}));
+  return tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s), group_modes<0, 2>(g));
 }
 
 template <class Config, bool kCausal>
@@ -68,12 +77,9 @@ struct BackwardLoad {
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
 
     if (leader) {
-      Tensor gK = local_tile(mK(_, _, head_kv, batch), typename Config::TileKV{}, make_coord(n_block, _0{}));
-      Tensor gV = local_tile(mV(_, _, head_kv, batch), typename Config::TileKV{}, make_coord(n_block, _0{}));
-      auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                        group_modes<0, 2>(gK));
-      auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                        group_modes<0, 2>(gV));
+      using TileKV = typename Config::TileKV;
+      auto [tKgK, tKsK] = tma_tile<TileKV>(params.tma_k, mK, sK, n_block, head_kv, batch);
+      auto [tVgV, tVsV] = tma_tile<TileKV>(params.tma_v, mV, sV, n_block, head_kv, batch);
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Config::kKVBytes);
       copy(params.tma_k.with(smem.kv_full), tKgK, tKsK);
       copy(params.tma_v.with(smem.kv_full), tVgV, tVsV);
@@ -82,18 +88,18 @@ struct BackwardLoad {
     auto q_state = cutlass::make_producer_start_state<Pipeline>();
     auto do_state = cutlass::make_producer_start_state<Pipeline>();
     for (int t = 0; t < steps.count; ++t) {
-      const int head = steps.head(t), m_block = steps.m_block(t);
-      // Row offset of the tile in the (B, Hq, seqlen_q_rounded) workspaces.
-      const int64_t row = (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + m_block * Config::kBlockM;
+      const int64_t row = steps.workspace_row(p, batch, t);
+      // A tile by TMA and its rows' values (lse_log2 or delta) by a 1-D bulk copy, both completing
+      // on the stage's full barrier.
       auto load = [&](Pipeline& pipeline, auto& state, auto const& tma, auto const& m, auto& s,
                       float* rows_smem, const float* rows_gmem) {
         pipeline.producer_acquire(state);
         if (leader) {
-          Tensor g = local_tile(m(_, _, head, batch), typename Config::TileQ{}, make_coord(m_block, _0{}));
-          auto [tg, ts] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s), group_modes<0, 2>(g));
+          auto [tg, ts] = tma_tile<typename Config::TileQ>(tma, m, s, steps.m_block(t), steps.head(t), batch);
           uint64_t* barrier = pipeline.producer_get_barrier(state);
           copy(tma.with(*barrier), tg, ts(_, state.index()));
-          bulk_load(rows_smem + state.index() * Config::kBlockM, rows_gmem + row, Config::kRowBytes, barrier);
+          SM90_BULK_COPY_G2S::copy(rows_gmem + row, barrier, rows_smem + state.index() * Config::kBlockM,
+                                   Config::kRowBytes);
         }
         ++state;
       };

@@ -8,6 +8,8 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "common/transposed_layout.h"
+
 namespace fa::sm90 {
 
 // Shared memory one CTA may use on sm90 (227 KB).
@@ -49,10 +51,7 @@ struct ForwardConfig {
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
   // V as the B operand of O += P V: (head dim, keys), the same bytes read with head dim as the
   // contiguous (MN-major) mode.
-  using SmemLayoutVt = decltype(cute::composition(
-      SmemLayoutKV{}, cute::make_ordered_layout(
-                          cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
-                          cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using SmemLayoutVt = TransposedLayout<SmemLayoutKV>;
 
   // S = Q Kᵀ with both operands from shared memory; O += P V with P from registers. Each consumer
   // warpgroup owns 64 rows of the tile.

@@ -33,6 +33,7 @@
 #include "sm90/fwd_epilogue.h"
 #include "sm90/fwd_load.h"
 #include "sm90/fwd_mainloop.h"
+#include "sm90/pipeline.h"
 #include "sm90/tile_scheduler.h"
 
 namespace fa::sm90 {
@@ -64,12 +65,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (warp == 0 && elect_one_sync()) {
     cutlass::arch::ClusterTransactionBarrier::init(&smem.q_full, 1);
   }
-  typename KVPipeline::Params pipeline_params;
-  pipeline_params.transaction_bytes = Config::kKVTileBytes;
-  pipeline_params.role = warpgroup == 0 ? KVPipeline::ThreadCategory::Producer
-                                        : KVPipeline::ThreadCategory::Consumer;
-  pipeline_params.is_leader = threadIdx.x == 0;
-  pipeline_params.num_consumers = Config::kMmaThreads;
+  const auto pipeline_params = tma_pipeline_params<KVPipeline>(Config::kKVTileBytes, Config::kMmaThreads);
   KVPipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
   KVPipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before any role uses them
