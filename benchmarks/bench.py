@@ -3,6 +3,7 @@
     python benchmarks/bench.py                      # the default suite (README's table)
     python benchmarks/bench.py --shapes 4,64,8192,128 --mode bwd --impl fa,cudnn,flash
     python benchmarks/bench.py --sweep --plot       # TFLOP/s against sequence length, PNG
+    python benchmarks/bench.py --suite varlen       # packed sequences of mixed lengths (varlen_suite.py)
 
 Each implementation is timed with CUDA events (triton.testing.do_bench, median of warmed-up
 repeats). TFLOP/s counts 4·B·H·Sq·Sk·D for the forward (two matmuls of 2·Sq·Sk·D each), halved
@@ -382,21 +383,27 @@ def parse_shapes(text: str) -> List[Tuple[int, int, int, int]]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", choices=["shapes", "varlen"], default="shapes",
+                   help="shapes: rectangular batches (--shapes, --sweep); varlen: benchmarks/varlen_suite.py")
     p.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES, help="'B,H,S,D;B,H,S,D'")
     p.add_argument("--dtype", default="float16,bfloat16", help="comma-separated: float16,bfloat16")
     p.add_argument("--causal", choices=["0", "1", "both"], default="both")
     p.add_argument("--mode", choices=["fwd", "bwd", "fwd+bwd"], default="fwd+bwd")
-    p.add_argument("--impl", default=",".join(DEFAULT_IMPLS), help="comma-separated: " + ",".join(ALL_IMPLS))
+    p.add_argument("--impl", default=None,
+                   help="comma-separated: " + ",".join(ALL_IMPLS) + " (--suite varlen: fa-varlen,fa3-varlen,sdpa-nested,fa-dense)")
     p.add_argument("--sweep", action="store_true",
                    help=f"sequence lengths {SWEEP_SEQLENS} for head dims {SWEEP_HEAD_DIMS} instead of --shapes")
     p.add_argument("--plot", action="store_true", help="write a PNG of TFLOP/s against sequence length")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: a timestamp)")
     args = p.parse_args(argv)
-    args.impl = [i for i in args.impl.split(",") if i]
-    unknown = set(args.impl) - set(ALL_IMPLS)
+    from varlen_suite import VARLEN_IMPLS
+
+    known, default = (VARLEN_IMPLS, VARLEN_IMPLS) if args.suite == "varlen" else (ALL_IMPLS, DEFAULT_IMPLS)
+    args.impl = [i for i in (args.impl or ",".join(default)).split(",") if i]
+    unknown = set(args.impl) - set(known)
     if unknown:
-        p.error(f"unknown --impl {sorted(unknown)}; choose from {ALL_IMPLS}")
+        p.error(f"unknown --impl {sorted(unknown)}; choose from {known}")
     args.dtypes = [d for d in args.dtype.split(",") if d]
     if set(args.dtypes) - {"float16", "bfloat16"}:
         p.error(f"--dtype takes float16 and/or bfloat16, got {args.dtype}")
@@ -459,6 +466,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         return cpu_demo()
     meta = environment()
+    if args.suite == "varlen":
+        return main_varlen(args, meta)
     cases = build_cases(args)
     print(f"# {meta.get('gpu')}, torch {meta['torch']}, cuDNN {meta.get('cudnn')}, fa {meta.get('fa')} "
           f"({meta.get('fa_kernel_family')}), commit {meta.get('commit')}", flush=True)
@@ -484,6 +493,26 @@ def main(argv=None) -> int:
     print(f"results: {csv_path} {json_path}")
     if args.plot:
         print(f"plot: {plot_sweep(results, args.out / f'{stem}.png')}")
+    if mismatches:
+        print("\nFA MISMATCHES (the run fails):\n" + "\n".join(mismatches))
+        return 1
+    return 0
+
+
+def main_varlen(args, meta) -> int:
+    import varlen_suite
+
+    lengths = varlen_suite.varlen_lengths()
+    print(f"# {meta.get('gpu')}, torch {meta['torch']}, fa {meta.get('fa')}, commit {meta.get('commit')}")
+    print(f"# varlen: {varlen_suite.describe(lengths)}", flush=True)
+    rows, mismatches = varlen_suite.run_varlen_suite(args.dtypes, args.causal_values, args.modes, args.impl, lengths)
+    print(varlen_suite.varlen_table(rows))
+    print("\nuseful TFLOP/s = sum over sequences of 4·H·S²·D / time (forward), halved when causal, x2.5 for the "
+          "backward; 'vs fa dense': against fa.attention on the rectangular shape in the same run.")
+    stem = args.name or time.strftime("varlen-%Y%m%d-%H%M%S")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "lengths": lengths, "results": rows}, indent=1))
+    print(f"results: {args.out / (stem + '.json')}")
     if mismatches:
         print("\nFA MISMATCHES (the run fails):\n" + "\n".join(mismatches))
         return 1

@@ -9,6 +9,8 @@
 # FlashAttention-3 (the peer the benchmark times as --impl fa3) is found in .carry/fa3 when it was
 # copied there (cp -r ../shared/peers/fa3 .carry/fa3).
 #
+#   --peer NAME  put .carry/NAME on PYTHONPATH instead of .carry/fa3 (fa3-serving: FA3's varlen and
+#                KV-cache build, for bench.py --suite varlen)
 #   --install    pip install --no-build-isolation . (the users' path; the default); nvidia-cutlass
 #                comes from .whl/
 #   --wheel      pip install the wheel in .carry/wheels/ (built elsewhere with `pip wheel`, e.g. on a
@@ -25,7 +27,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/fa-out}
 mkdir -p "$OUT"
-mode=install install_args="" tests="" bench="" sanitize=0 sass=0 sweep="" profile="" gdb=""
+mode=install install_args="" tests="" bench="" sanitize=0 sass=0 sweep="" profile="" gdb="" peer=fa3
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheel) mode=wheel ;;
@@ -38,12 +40,13 @@ while [ $# -gt 0 ]; do
     --sweep) sweep="$2"; shift ;;
     --profile) profile="$2"; shift ;;
     --gdb) gdb="$2"; shift ;;
+    --peer) peer="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
 done
 export PYTHONUNBUFFERED=1
-[ -d .carry/fa3 ] && export PYTHONPATH="$PWD/.carry/fa3${PYTHONPATH:+:$PYTHONPATH}"
+[ -d ".carry/$peer" ] && export PYTHONPATH="$PWD/.carry/$peer${PYTHONPATH:+:$PYTHONPATH}"
 status=0
 step() { echo "=== $* ($(date +%T))"; }
 

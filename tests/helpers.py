@@ -139,3 +139,10 @@ def kernel_names(fn):
         fn()
         torch.cuda.synchronize()
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def launched(names, family, kernel):
+    """Whether one of the profiled kernel names is fa::<family>::<kernel>, demangled or (the
+    profiler leaves names past its demangler's length limit mangled) mangled."""
+    mangled = f"{len(family)}{family}{len(kernel)}{kernel}"
+    return any(f"{family}::{kernel}" in n or mangled in n for n in names)

@@ -12,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench  # noqa: E402
 import profile_ncu as fa_profile  # noqa: E402
+import varlen_suite  # noqa: E402
 
 
 def test_flop_formula():
@@ -71,6 +72,20 @@ def test_arguments():
                for c in sweep)
     with pytest.raises(SystemExit):
         bench.parse_args(["--impl", "fa,bogus"])
+
+
+def test_varlen_suite_batch_and_flops():
+    lengths = varlen_suite.varlen_lengths()
+    assert lengths == varlen_suite.varlen_lengths()  # fixed seed
+    assert len(lengths) == 64 and all(512 <= n <= 8192 for n in lengths) and len(set(lengths)) > 32
+    # Useful work only: the sum over sequences of the dense formula, no padding.
+    assert varlen_suite.useful_flops([100, 300], 16, 128, False, "fwd") == 4 * 16 * 128 * (100**2 + 300**2)
+    assert varlen_suite.useful_flops([100, 300], 16, 128, True, "bwd") == 2.5 * 2 * 16 * 128 * (100**2 + 300**2)
+    args = bench.parse_args(["--suite", "varlen", "--mode", "bwd"])
+    assert args.impl == varlen_suite.VARLEN_IMPLS and args.modes == ["bwd"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--suite", "varlen", "--impl", "cudnn"])
+    assert "64 sequences" in varlen_suite.describe(lengths)
 
 
 def test_mismatch_check_catches_a_wrong_kernel():

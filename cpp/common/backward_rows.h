@@ -7,10 +7,11 @@
 //   kernel loads a tile at a time with bulk copies.
 // Post-pass: dQ = scale · workspace, converted to the input dtype and stored with q's strides.
 //
-// The workspace is (B, Hq, seqlen_q_rounded, kHeadDim) fp32, row-major, or with the 8-float
-// (32-byte) units of each row permuted (kSwizzle, dq_workspace_col): a main kernel that stages a dQ
-// tile in shared memory in that layout writes it without bank conflicts and adds it to global
-// memory as one linear block.
+// The workspace rows of each (batch entry, query head) are padded to kBackwardRowPadding and lie
+// where Sequence::workspace_row says (common/sequence.h); each holds kHeadDim fp32, in order, or
+// with the 8-float (32-byte) units of each row permuted (kSwizzle, dq_workspace_col): a main kernel
+// that stages a dQ tile in shared memory in that layout writes it without bank conflicts and adds
+// it to global memory as one linear block.
 //
 // Both give each row a power-of-two group of threads (so its sum reduces with shuffles inside the
 // group), each owning one 16-byte vector (8 elements) of it, and cover kRowsPerBlock rows of one
@@ -23,6 +24,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "fa/kernels.h"
+#include "common/sequence.h"
 #include "fa/params.h"
 
 namespace fa {
@@ -43,13 +45,6 @@ __host__ __device__ __forceinline__ int dq_workspace_col(int row, int col) {
   }
 }
 
-// Where row `row` of query head `head` of batch entry `batch` lies in the (B, Hq, seqlen_q_rounded)
-// row space of the workspaces (delta, lse_log2; dQ's rows of head_dim_rounded floats).
-__host__ __device__ __forceinline__ int64_t backward_workspace_row(const BackwardParams& p, int batch,
-                                                                   int head, int row) {
-  return (int64_t(batch) * p.heads_q + head) * p.seqlen_q_rounded + row;
-}
-
 template <int kHeadDim>
 struct RowPassShape {
   static constexpr int kThreads = 256;
@@ -67,13 +62,15 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
   using Shape = RowPassShape<kHeadDim>;
   using Vector = cutlass::Array<Element, Shape::kVector>;
   const int head = blockIdx.y, batch = blockIdx.z;
+  const Sequence seq = Sequence::of(p, batch);
+  if (blockIdx.x * Shape::kRowsPerBlock >= seq.seqlen_q) return;
   const int col = (threadIdx.x % Shape::kThreadsPerRow) * Shape::kVector;
   const bool col_ok = col < p.head_dim;
-  const auto* dout = static_cast<const Element*>(p.dout) + batch * p.dout_stride.batch + head * p.dout_stride.head;
-  const auto* out = static_cast<const Element*>(p.out) + batch * p.out_stride.batch + head * p.out_stride.head;
-  const int64_t first_row = backward_workspace_row(p, batch, head, 0);
+  const auto* dout = static_cast<const Element*>(p.dout) + seq.q_offset(p.dout_stride, batch, head);
+  const auto* out = static_cast<const Element*>(p.out) + seq.q_offset(p.out_stride, batch, head);
+  const int64_t first_row = seq.workspace_row(p, batch, head);
   float* delta = p.delta + first_row;
-  const float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+  const float* lse = p.lse + seq.lse_offset(p, batch, head);
   float* lse_log2 = p.lse_log2 != nullptr ? p.lse_log2 + first_row : nullptr;
   float* accum = p.dq_accum + first_row * p.head_dim_rounded;
 
@@ -81,7 +78,7 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
     const int row = blockIdx.x * Shape::kRowsPerBlock + pass * Shape::kRowsPerPass +
                     threadIdx.x / Shape::kThreadsPerRow;
     float dot = 0.f;
-    if (row < p.seqlen_q && col_ok) {
+    if (row < seq.seqlen_q && col_ok) {
       const Vector d = *reinterpret_cast<const Vector*>(dout + row * p.dout_stride.row + col);
       const Vector o = *reinterpret_cast<const Vector*>(out + row * p.out_stride.row + col);
       for (int i = 0; i < Shape::kVector; ++i) dot += float(d[i]) * float(o[i]);
@@ -92,7 +89,7 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
     if (col == 0) {
       delta[row] = dot;
       if (lse_log2 != nullptr) {
-        const float l = row < p.seqlen_q ? lse[row] : -INFINITY;
+        const float l = row < seq.seqlen_q ? lse[row] : -INFINITY;
         lse_log2[row] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
       }
     }
@@ -120,15 +117,16 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
     backward_convert_dq_kernel(const __grid_constant__ BackwardParams p) {
   using Shape = RowPassShape<kHeadDim>;
   const int head = blockIdx.y, batch = blockIdx.z;
+  const Sequence seq = Sequence::of(p, batch);
   const int col = (threadIdx.x % Shape::kThreadsPerRow) * Shape::kVector;
-  if (col >= p.head_dim) return;
-  const float* accum = p.dq_accum + backward_workspace_row(p, batch, head, 0) * p.head_dim_rounded;
-  auto* dq = static_cast<Element*>(p.dq) + batch * p.dq_stride.batch + head * p.dq_stride.head;
+  if (col >= p.head_dim || blockIdx.x * Shape::kRowsPerBlock >= seq.seqlen_q) return;
+  const float* accum = p.dq_accum + seq.workspace_row(p, batch, head) * p.head_dim_rounded;
+  auto* dq = static_cast<Element*>(p.dq) + seq.q_offset(p.dq_stride, batch, head);
   cutlass::NumericArrayConverter<Element, float, Shape::kVector> convert;
   for (int pass = 0; pass < Shape::kPasses; ++pass) {
     const int row = blockIdx.x * Shape::kRowsPerBlock + pass * Shape::kRowsPerPass +
                     threadIdx.x / Shape::kThreadsPerRow;
-    if (row >= p.seqlen_q) break;
+    if (row >= seq.seqlen_q) break;
     cutlass::Array<float, Shape::kVector> values = *reinterpret_cast<const cutlass::Array<float, Shape::kVector>*>(
         accum + int64_t(row) * p.head_dim_rounded + dq_workspace_col<kHeadDim, kSwizzle>(row, col));
     for (int i = 0; i < Shape::kVector; ++i) values[i] *= p.scale;

@@ -36,6 +36,7 @@
 
 #include "common/attention_mask.h"
 #include "common/backward_rows.h"
+#include "common/sequence.h"
 #include "fa/params.h"
 #include "sm80/dq_reduce.h"
 #include "sm80/fragments.h"
@@ -63,18 +64,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int batch = blockIdx.z;
   const int group = params.heads_q / params.heads_kv;
   const int key_begin = n_block * kBlockN;
-  const int keys_left = params.seqlen_k - key_begin;
-  const AttentionMask<kCausal> mask(params.seqlen_q, params.seqlen_k);
+  const Sequence seq = Sequence::of(params, batch);
+  const int keys_left = seq.seqlen_k - key_begin;
+  if (keys_left <= 0) return;  // varlen: the grid covers the longest sequence
+  const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
 
   // The query tiles that see these keys.
-  const int m_end = (params.seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_end = (seq.seqlen_q + kBlockM - 1) / kBlockM;
   const int m_begin = mask.first_row_seeing(key_begin) / kBlockM;
   const int m_tiles = max(0, m_end - m_begin);
   const int steps = m_tiles * group;
 
   auto kv_rows = [&](auto* base, Strides s) {  // base: const Element* (K, V) or Element* (dK, dV)
-    Tensor m = make_tensor(make_gmem_ptr(base + batch * s.batch + head_kv * s.head),
-                           make_shape(params.seqlen_k, Int<kHeadDim>{}), make_stride(s.row, _1{}));
+    Tensor m = make_tensor(make_gmem_ptr(base + seq.k_offset(s, batch, head_kv)),
+                           make_shape(seq.seqlen_k, Int<kHeadDim>{}), make_stride(s.row, _1{}));
     return local_tile(m, KVTile{}, make_coord(n_block, 0));
   };
   typename Config::GmemCopyStore gmem_store;
@@ -125,8 +128,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto step_head = [&](int t) { return head_kv * group + t / m_tiles; };
   auto step_tile = [&](int t) { return m_begin + t % m_tiles; };
   auto q_rows = [&](const void* base, Strides s, int t) {
-    Tensor m = make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + batch * s.batch + step_head(t) * s.head),
-                           make_shape(params.seqlen_q, Int<kHeadDim>{}), make_stride(s.row, _1{}));
+    Tensor m = make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + seq.q_offset(s, batch, step_head(t))),
+                           make_shape(seq.seqlen_q, Int<kHeadDim>{}), make_stride(s.row, _1{}));
     return local_tile(m, QTile{}, make_coord(step_tile(t), 0));
   };
 
@@ -137,18 +140,17 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto load_q = [&](int t, int stage) {
     copy_tile_zero_fill<true>(gmem_load, gmem_thr_load.partition_S(q_rows(params.q, params.q_stride, t)),
                               gmem_thr_load.partition_D(sQ(stage)), tQc, col_ok,
-                              params.seqlen_q - step_tile(t) * kBlockM);
+                              seq.seqlen_q - step_tile(t) * kBlockM);
   };
   auto load_do = [&](int t, int stage) {
     copy_tile_zero_fill<true>(gmem_load, gmem_thr_load.partition_S(q_rows(params.dout, params.dout_stride, t)),
                               gmem_thr_load.partition_D(sdO(stage)), tQc, col_ok,
-                              params.seqlen_q - step_tile(t) * kBlockM);
+                              seq.seqlen_q - step_tile(t) * kBlockM);
   };
 
-  // Row index of step t's first row in the (B, Hq, seqlen_q_rounded) row space of the delta and
-  // dQ workspaces.
+  // Row index of step t's first row in the row space of the delta and dQ workspaces.
   auto workspace_row = [&](int t) {
-    return backward_workspace_row(params, batch, step_head(t), step_tile(t) * kBlockM);
+    return seq.workspace_row(params, batch, step_head(t)) + step_tile(t) * kBlockM;
   };
 
   // The lse and delta of step t's rows, into smem_rows[stage] by 4-byte cp.async (with Q: they
@@ -160,8 +162,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     float& dst = smem_rows[(stage * 2 + tid / kBlockM) * kBlockM + r];
     if (tid < kBlockM) {
       const int row = step_tile(t) * kBlockM + r;
-      if (row < params.seqlen_q) {
-        RowCopy::copy(params.lse[batch * params.lse_batch_stride + step_head(t) * params.lse_head_stride + row], dst);
+      if (row < seq.seqlen_q) {
+        RowCopy::copy(params.lse[seq.lse_offset(params, batch, step_head(t)) + row], dst);
       }
     } else if (tid < 2 * kBlockM) {
       RowCopy::copy(params.delta[workspace_row(t) + r], dst);
@@ -255,7 +257,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row_in_tile = get<0>(score_coords(r, 0));
-      const float l = row_begin + row_in_tile < params.seqlen_q ? tile_lse[row_in_tile] : INFINITY;
+      const float l = row_begin + row_in_tile < seq.seqlen_q ? tile_lse[row_in_tile] : INFINITY;
       lse_log2[r] = (l == -INFINITY ? INFINITY : l) * float(M_LOG2E);
       row_delta[r] = tile_delta[row_in_tile];
     }

@@ -34,6 +34,7 @@
 
 #include "common/attention_mask.h"
 #include "common/online_softmax.h"
+#include "common/sequence.h"
 #include "fa/params.h"
 #include "sm80/fragments.h"
 #include "sm80/gemm.h"
@@ -61,32 +62,34 @@ __global__ void __launch_bounds__(Config::kThreads)
   const int batch = blockIdx.z;
   const int head_kv = head / (params.heads_q / params.heads_kv);
   const int row_begin = m_block * kBlockM;
-  const int rows_left = params.seqlen_q - row_begin;  // rows of this tile inside the query
+  const Sequence seq = Sequence::of(params, batch);
+  const int rows_left = seq.seqlen_q - row_begin;  // rows of this tile inside the query
+  if (rows_left <= 0) return;  // varlen: the grid covers the longest sequence
 
-  const AttentionMask<kCausal> mask(params.seqlen_q, params.seqlen_k);
-  const int n_tiles = mask.visible_tiles(min(row_begin + kBlockM, params.seqlen_q), kBlockN);
+  const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+  const int n_tiles = mask.visible_tiles(min(row_begin + kBlockM, seq.seqlen_q), kBlockN);
 
-  auto rows_of = [&](const void* base, Strides s, int h, int rows) {
-    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + batch * s.batch + h * s.head),
+  auto rows_of = [&](const void* base, int64_t offset, Strides s, int rows) {
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + offset),
                        make_shape(rows, Int<kHeadDim>{}), make_stride(s.row, _1{}));
   };
-  Tensor gQ = local_tile(rows_of(params.q, params.q_stride, head, params.seqlen_q), QTile{},
-                         make_coord(m_block, 0));
-  Tensor gK = local_tile(rows_of(params.k, params.k_stride, head_kv, params.seqlen_k), KVTile{},
-                         make_coord(_, 0));  // (kBlockN, kHeadDim, key tiles)
-  Tensor gV = local_tile(rows_of(params.v, params.v_stride, head_kv, params.seqlen_k), KVTile{},
-                         make_coord(_, 0));
+  Tensor gQ = local_tile(rows_of(params.q, seq.q_offset(params.q_stride, batch, head), params.q_stride, seq.seqlen_q),
+                         QTile{}, make_coord(m_block, 0));
+  Tensor gK = local_tile(rows_of(params.k, seq.k_offset(params.k_stride, batch, head_kv), params.k_stride, seq.seqlen_k),
+                         KVTile{}, make_coord(_, 0));  // (kBlockN, kHeadDim, key tiles)
+  Tensor gV = local_tile(rows_of(params.v, seq.k_offset(params.v_stride, batch, head_kv), params.v_stride, seq.seqlen_k),
+                         KVTile{}, make_coord(_, 0));
   // The output tile and its copy are built where they are used (the early exit and the epilogue),
   // so their 64-bit addresses are not held in registers across the mainloop.
   auto output_tile = [&]() {
     Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(params.out) +
-                                          batch * params.out_stride.batch + head * params.out_stride.head),
-                            make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                                          seq.q_offset(params.out_stride, batch, head)),
+                            make_shape(seq.seqlen_q, Int<kHeadDim>{}),
                             make_stride(params.out_stride.row, _1{}));
     return local_tile(mO, QTile{}, make_coord(m_block, 0));
   };
   auto lse_rows = [&]() {
-    return params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride + row_begin;
+    return params.lse + seq.lse_offset(params, batch, head) + row_begin;
   };
   typename Config::GmemCopyO gmem_copy_o;
   auto gmem_thr_o = gmem_copy_o.get_thread_slice(tid);
@@ -163,7 +166,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   // Tile n's K (or V) into its buffer; only the last tile (loaded first) can be partial.
   auto load_tile = [&](auto const& tXgX, auto& tXsX, int n, auto check_rows) {
     copy_tile_zero_fill<decltype(check_rows)::value>(gmem_copy, tXgX(_, _, _, n), tXsX,
-                                                     tKVcKV, col_ok, params.seqlen_k - n * kBlockN);
+                                                     tKVcKV, col_ok, seq.seqlen_k - n * kBlockN);
   };
 
   // Calls fn with the buffer of key tile n (n % kStages) as a compile-time constant.

@@ -29,13 +29,15 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/attention_mask.h"
-#include "common/fragment_convert.h"
-#include "fa/params.h"
 #include "common/bulk_reduce.h"
+#include "common/fragment_convert.h"
+#include "common/sequence.h"
+#include "fa/params.h"
 #include "sm90/bwd_load.h"
 #include "sm90/fragments.h"
 #include "sm90/named_barriers.h"
 #include "sm90/pipeline.h"
+#include "sm90/row_store.h"
 #include "sm90/wgmma.h"
 
 namespace fa::sm90 {
@@ -63,6 +65,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   extern __shared__ char smem_raw[];
   Storage& smem = *reinterpret_cast<Storage*>(smem_raw);
   const BackwardParams& p = params.attn;
+  // Varlen: the grid covers the longest sequence's keys; a key tile past this one's has no work.
+  if (int(blockIdx.x) * kBlockN >= Sequence::of(p, blockIdx.z).seqlen_k) return;
   const int warp = cutlass::canonical_warp_idx_sync();
   const int warpgroup = cutlass::canonical_warp_group_idx();
 
@@ -86,8 +90,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int wg = mma_tid / 128;                // consumer warpgroup 0 or 1
   const bool issuer = mma_tid % 128 == 0;      // issues this warpgroup's bulk reductions
   const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
-  const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, n_block, head_kv);
-  const AttentionMask<kCausal> mask(p.seqlen_q, p.seqlen_k);
+  const Sequence seq = Sequence::of(p, batch);
+  const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv);
+  const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
   const int key_begin = n_block * kBlockN;
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
@@ -147,7 +152,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
     barrier_sync(BackwardBarrier::kdQFull, 128, wg);
     if (issuer) {
-      const int64_t row = steps.workspace_row(p, batch, t);
+      const int64_t row = steps.workspace_row(p, seq, batch, t);
       bulk_reduce_add(p.dq_accum + row * Config::kHeadDim + wg * Config::kdQWarpgroupFloats,
                             staging + wg * Config::kdQWarpgroupFloats,
                             Config::kdQWarpgroupFloats * int(sizeof(float)));
@@ -166,8 +171,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tdPrV, tdPrdO(_, _, _, do_stage), acc_dp);
 
     // Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e); the pre-pass stored lse·log2e, +inf for rows that
-    // see no key or lie past seqlen_q (their P is 0). Masked: keys past seqlen_k (K is zero-filled
-    // there, but exp2(-lse) could overflow) and, causal, keys after a row's diagonal.
+    // see no key or lie past seqlen_q (their P is 0). Masked: keys past seqlen_k (K there is
+    // zero-filled or, varlen, the next sequence's; exp2(-lse) could overflow) and, causal, keys
+    // after a row's diagonal.
     gemm_wait<1>(acc_s);
     if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) {
       mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
@@ -230,7 +236,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   }
 
   // Epilogue: dK = scale · Σ dSᵀ Q and dV, converted, staged in K's and V's buffers (once both
-  // warpgroups' last dQ GEMMs have read K) and stored by TMA (rows past seqlen_k are clipped).
+  // warpgroups' last dQ GEMMs have read K) and stored by TMA (rows past seqlen_k are clipped) or,
+  // in a varlen batch (where those rows are the next sequence's), with 16-byte writes.
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
   Tensor rdK = convert_fragment<Element>(acc_dk);
@@ -242,12 +249,21 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   copy(copy_dkv, thr_copy_dkv.retile_S(rdV), thr_copy_dkv.partition_D(sV));
   cutlass::arch::fence_view_async_shared();
   barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
-  if (mma_tid == 0) {
+  if (p.cu_seqlens_q != nullptr) {
+    auto store = [&](auto const& s, void* base, const Strides& stride) {
+      Element* dst = static_cast<Element*>(base) + seq.k_offset(stride, batch, head_kv) +
+                     int64_t(key_begin) * stride.row;
+      store_rows<kBlockN, Config::kHeadDim>(s, dst, stride.row, seq.seqlen_k - key_begin, p.head_dim, mma_tid,
+                                            Config::kMmaThreads);
+    };
+    store(sK, p.dk, p.dk_stride);
+    store(sV, p.dv, p.dv_stride);
+  } else if (mma_tid == 0) {
     using TileKV = typename Config::TileKV;
     Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
     Tensor mdV = params.tma_dv.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-    auto [tdKgdK, tdKsdK] = tma_tile<TileKV>(params.tma_dk, mdK, sK, n_block, head_kv, batch);
-    auto [tdVgdV, tdVsdV] = tma_tile<TileKV>(params.tma_dv, mdV, sV, n_block, head_kv, batch);
+    auto [tdKgdK, tdKsdK] = tma_tile<TileKV>(params.tma_dk, mdK, sK, n_block, head_kv, batch, 0);
+    auto [tdVgdV, tdVsdV] = tma_tile<TileKV>(params.tma_dv, mdV, sV, n_block, head_kv, batch, 0);
     copy(params.tma_dk, tdKsdK, tdKgdK);
     copy(params.tma_dv, tdVsdV, tdVgdV);
     tma_store_arrive();

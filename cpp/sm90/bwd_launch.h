@@ -42,8 +42,10 @@ __global__ void __launch_bounds__(Config::kMmaThreads)
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int row_begin = m_block * Config::kBlockM;
   const int tid = threadIdx.x;
-  const float* tile = p.dq_accum + backward_workspace_row(p, batch, head, row_begin) * Config::kHeadDim;
-  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_stride.batch + head * p.dq_stride.head;
+  const Sequence seq = Sequence::of(p, batch);
+  if (row_begin >= seq.seqlen_q) return;  // varlen: the grid covers the longest sequence
+  const float* tile = p.dq_accum + (seq.workspace_row(p, batch, head) + row_begin) * Config::kHeadDim;
+  Element* dq = static_cast<Element*>(p.dq) + seq.q_offset(p.dq_stride, batch, head);
   typename Config::TiledMmadQ mma_dq;
   Tensor coords = mma_dq.get_thread_slice(tid).partition_C(make_identity_tensor(typename Config::TileQ{}));
   static_assert(decltype(size<0, 0>(coords))::value == 2);  // column pairs
@@ -54,7 +56,7 @@ __global__ void __launch_bounds__(Config::kMmaThreads)
     CUTE_UNROLL
     for (int j = 0; j < 4; j += 2) {
       const int row = row_begin + get<0>(coords(i + j)), col = get<1>(coords(i + j));
-      if (row < p.seqlen_q && col < p.head_dim) {
+      if (row < seq.seqlen_q && col < p.head_dim) {
         cutlass::Array<Element, 2> pair;
         pair[0] = Element(values[j] * p.scale);
         pair[1] = Element(values[j + 1] * p.scale);
@@ -73,25 +75,28 @@ cudaError_t launch_backward(const BackwardParams& p, cudaStream_t stream) {
   cudaError_t err = launch_backward_preprocess<Element, kHeadDim>(p, stream);
   if (err != cudaSuccess) return err;
 
+  // A varlen batch's packed tensors as one batch entry of total rows (bwd_load.h offsets each
+  // sequence's tiles); its dK and dV are not stored by TMA (bwd_kernel.h), tma_dk/dv then unused.
+  const auto [rows_q, rows_k, batches] = TensorExtents::of(p);
   auto q_stage = take<0, 2>(typename Config::SmemLayoutQ{});
   auto tma_q = make_tma_copy(SM90_TMA_LOAD{},
-                             tma_view<Element>(static_cast<const Element*>(p.q), p.q_stride, p.seqlen_q,
-                                               p.head_dim, p.heads_q, p.batch),
+                             tma_view<Element>(static_cast<const Element*>(p.q), p.q_stride, rows_q,
+                                               p.head_dim, p.heads_q, batches),
                              q_stage, typename Config::TileQ{}, _1{});
   auto tma_do = make_tma_copy(SM90_TMA_LOAD{},
                               tma_view<Element>(static_cast<const Element*>(p.dout), p.dout_stride,
-                                                p.seqlen_q, p.head_dim, p.heads_q, p.batch),
+                                                rows_q, p.head_dim, p.heads_q, batches),
                               q_stage, typename Config::TileQ{}, _1{});
   auto kv_load = [&](const void* ptr, Strides s) {
     return make_tma_copy(SM90_TMA_LOAD{},
-                         tma_view<Element>(static_cast<const Element*>(ptr), s, p.seqlen_k, p.head_dim,
-                                           p.heads_kv, p.batch),
+                         tma_view<Element>(static_cast<const Element*>(ptr), s, rows_k, p.head_dim,
+                                           p.heads_kv, batches),
                          typename Config::SmemLayoutKV{}, typename Config::TileKV{}, _1{});
   };
   auto kv_store = [&](void* ptr, Strides s) {
     return make_tma_copy(SM90_TMA_STORE{},
-                         tma_view<Element>(static_cast<Element*>(ptr), s, p.seqlen_k, p.head_dim,
-                                           p.heads_kv, p.batch),
+                         tma_view<Element>(static_cast<Element*>(ptr), s, rows_k, p.head_dim,
+                                           p.heads_kv, batches),
                          typename Config::SmemLayoutKV{}, typename Config::TileKV{}, _1{});
   };
   auto tma_k = kv_load(p.k, p.k_stride);

@@ -13,6 +13,7 @@
 
 #include "common/attention_mask.h"
 #include "common/backward_rows.h"
+#include "common/sequence.h"
 #include "fa/params.h"
 
 namespace fa::sm90 {
@@ -26,9 +27,9 @@ struct BackwardSteps {
   int head0;    // first query head of the group
   int count;    // m_tiles · group
 
-  CUTE_DEVICE BackwardSteps(const BackwardParams& p, int n_block, int head_kv) {
-    const AttentionMask<kCausal> mask(p.seqlen_q, p.seqlen_k);
-    const int m_end = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  CUTE_DEVICE BackwardSteps(const BackwardParams& p, const Sequence& seq, int n_block, int head_kv) {
+    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+    const int m_end = (seq.seqlen_q + kBlockM - 1) / kBlockM;
     m_begin = cute::min(mask.first_row_seeing(n_block * kBlockN) / kBlockM, m_end);
     m_tiles = m_end - m_begin;
     const int group = p.heads_q / p.heads_kv;
@@ -38,19 +39,21 @@ struct BackwardSteps {
   CUTE_DEVICE int head(int t) const { return head0 + t / m_tiles; }
   CUTE_DEVICE int m_block(int t) const { return m_begin + t % m_tiles; }
   // Step t's first row in the workspaces' row space (lse_log2, delta, dQ).
-  CUTE_DEVICE int64_t workspace_row(const BackwardParams& p, int batch, int t) const {
-    return backward_workspace_row(p, batch, head(t), m_block(t) * kBlockM);
+  CUTE_DEVICE int64_t workspace_row(const BackwardParams& p, const Sequence& seq, int batch, int t) const {
+    return seq.workspace_row(p, batch, head(t)) + m_block(t) * kBlockM;
   }
 };
 
-// Tile `tile` (along the rows) of head `head` of batch entry `batch` of a TMA tensor m (rows, D,
-// heads, batch), partitioned for a TMA copy to or from the shared-memory tile s (which may have a
-// trailing stage mode): (global, shared).
+// Tile `tile` (along the rows, from row `first_row`) of head `head` of batch `batch` of a TMA
+// tensor m (rows, D, heads, batches), partitioned for a TMA copy to or from the shared-memory tile s
+// (which may have a trailing stage mode): (global, shared). A varlen sequence's tiles start at its
+// first row of the packed tensor (batch 0).
 template <class Tile, class Tma, class GlobalTensor, class SharedTensor>
 CUTE_DEVICE auto tma_tile(Tma const& tma, GlobalTensor const& m, SharedTensor const& s, int tile, int head,
-                          int batch) {
+                          int batch, int first_row) {
   using namespace cute;
-  Tensor g = local_tile(m(_, _, head, batch), Tile{}, make_coord(tile, _0{}));
+  Tensor g = local_tile(domain_offset(make_coord(first_row, _0{}), m(_, _, head, batch)), Tile{},
+                        make_coord(tile, _0{}));
   return tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s), group_modes<0, 2>(g));
 }
 
@@ -64,13 +67,16 @@ struct BackwardLoad {
     using namespace cute;
     const BackwardParams& p = params.attn;
     const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
-    const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, n_block, head_kv);
+    const Sequence seq = Sequence::of(p, batch);
+    const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, n_block, head_kv);
     const bool leader = elect_one_sync();
 
-    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
-    Tensor mdO = params.tma_do.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
-    Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-    Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
+    const TensorExtents ext = TensorExtents::of(p);
+    const int b = ext.batch_index(batch);
+    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(ext.rows_q, p.head_dim, p.heads_q, ext.batches));
+    Tensor mdO = params.tma_do.get_tma_tensor(make_shape(ext.rows_q, p.head_dim, p.heads_q, ext.batches));
+    Tensor mK = params.tma_k.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
+    Tensor mV = params.tma_v.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
@@ -78,8 +84,8 @@ struct BackwardLoad {
 
     if (leader) {
       using TileKV = typename Config::TileKV;
-      auto [tKgK, tKsK] = tma_tile<TileKV>(params.tma_k, mK, sK, n_block, head_kv, batch);
-      auto [tVgV, tVsV] = tma_tile<TileKV>(params.tma_v, mV, sV, n_block, head_kv, batch);
+      auto [tKgK, tKsK] = tma_tile<TileKV>(params.tma_k, mK, sK, n_block, head_kv, b, seq.k_begin);
+      auto [tVgV, tVsV] = tma_tile<TileKV>(params.tma_v, mV, sV, n_block, head_kv, b, seq.k_begin);
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Config::kKVBytes);
       copy(params.tma_k.with(smem.kv_full), tKgK, tKsK);
       copy(params.tma_v.with(smem.kv_full), tVgV, tVsV);
@@ -88,14 +94,14 @@ struct BackwardLoad {
     auto q_state = cutlass::make_producer_start_state<Pipeline>();
     auto do_state = cutlass::make_producer_start_state<Pipeline>();
     for (int t = 0; t < steps.count; ++t) {
-      const int64_t row = steps.workspace_row(p, batch, t);
+      const int64_t row = steps.workspace_row(p, seq, batch, t);
       // A tile by TMA and its rows' values (lse_log2 or delta) by a 1-D bulk copy, both completing
       // on the stage's full barrier.
       auto load = [&](Pipeline& pipeline, auto& state, auto const& tma, auto const& m, auto& s,
                       float* rows_smem, const float* rows_gmem) {
         pipeline.producer_acquire(state);
         if (leader) {
-          auto [tg, ts] = tma_tile<typename Config::TileQ>(tma, m, s, steps.m_block(t), steps.head(t), batch);
+          auto [tg, ts] = tma_tile<typename Config::TileQ>(tma, m, s, steps.m_block(t), steps.head(t), b, seq.q_begin);
           uint64_t* barrier = pipeline.producer_get_barrier(state);
           copy(tma.with(*barrier), tg, ts(_, state.index()));
           SM90_BULK_COPY_G2S::copy(rows_gmem + row, barrier, rows_smem + state.index() * Config::kBlockM,

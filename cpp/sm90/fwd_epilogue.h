@@ -2,7 +2,9 @@
 //
 // lse goes from registers straight to global memory (one lane per row). O is converted to
 // fp16/bf16, written to shared memory with stmatrix in the layout the TMA reads, and stored by TMA
-// (rows past the query's end and columns past the head dim are clipped by the copy engine). Each
+// (rows past the query's end and columns past the head dim are clipped by the copy engine); in a
+// variable-length batch, where the rows past a sequence's end belong to the next sequence, by the
+// warpgroup's threads with 16-byte writes. Each
 // consumer warpgroup stores its own 64 rows, synchronising only its own threads (the kEpilogue + w
 // barrier), so neither waits for the other's last step. Where O is staged in Q's buffer, the
 // producer may load the next Q only after both halves' stores have read it.
@@ -11,9 +13,11 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "common/sequence.h"
 #include "fa/params.h"
 #include "sm90/fragments.h"
 #include "sm90/named_barriers.h"
+#include "sm90/row_store.h"
 #include "sm90/tile_scheduler.h"
 
 namespace fa::sm90 {
@@ -32,14 +36,14 @@ struct ForwardEpilogue {
   }
 
   template <int kRows>
-  CUTE_DEVICE static void store_lse(const ForwardParams& p, int mma_tid, const WorkTile& w,
-                                    const float (&row_lse)[kRows]) {
+  CUTE_DEVICE static void store_lse(const ForwardParams& p, const Sequence& seq, int mma_tid,
+                                    const WorkTile& w, const float (&row_lse)[kRows]) {
     using namespace cute;
     auto coords = output_coords(mma_tid);
     static_assert(decltype(size<0>(coords))::value == kRows);
     if (get<1>(coords(0, 0)) != 0) return;  // the lane holding column 0 of its rows writes them
-    const int rows_left = p.seqlen_q - w.m_block * kBlockM;
-    float* lse = p.lse + w.batch * p.lse_batch_stride + w.head * p.lse_head_stride + w.m_block * kBlockM;
+    const int rows_left = seq.seqlen_q - w.m_block * kBlockM;
+    float* lse = p.lse + seq.lse_offset(p, w.batch, w.head) + w.m_block * kBlockM;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = get<0>(coords(r, 0));
@@ -49,10 +53,10 @@ struct ForwardEpilogue {
 
   template <class Params, class Storage, class AccO, int kRows>
   CUTE_DEVICE static void store(Params const& params, Storage& smem, int mma_tid, const WorkTile& w,
-                                AccO const& acc_o, const float (&row_lse)[kRows]) {
+                                const Sequence& seq, AccO const& acc_o, const float (&row_lse)[kRows]) {
     using namespace cute;
     const ForwardParams& p = params.attn;
-    store_lse(p, mma_tid, w, row_lse);
+    store_lse(p, seq, mma_tid, w, row_lse);
 
     const int warpgroup = mma_tid / 128;
     const bool issuer = mma_tid % 128 == 0;  // the thread of this warpgroup that issues its stores
@@ -72,7 +76,16 @@ struct ForwardEpilogue {
     // stmatrix writes through the generic proxy, the TMA store reads through the async proxy.
     cutlass::arch::fence_view_async_shared();
     barrier_sync(ForwardBarrier::kEpilogue, 128, warpgroup);
-    if (issuer) {
+    if (p.cu_seqlens_q != nullptr) {
+      // Varlen: the warpgroup's threads store its rows (row_store.h). The next write of the buffer
+      // (the next tile's epilogue, or Q's load) comes after a barrier these threads reach once
+      // their reads are done.
+      const int first_row = w.m_block * kBlockM + warpgroup * 64;
+      Element* out = static_cast<Element*>(p.out) + seq.q_offset(p.out_stride, w.batch, w.head) +
+                     int64_t(first_row) * p.out_stride.row;
+      store_rows<64, Config::kHeadDim>(sO, out, p.out_stride.row, seq.seqlen_q - first_row, p.head_dim,
+                                       mma_tid % 128, 128);
+    } else if (issuer) {
       Tensor mO = params.tma_o.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
       Tensor gO = local_tile(mO(_, _, w.head, w.batch), typename Config::TileOWarpgroup{},
                              make_coord(w.m_block * Config::kMmaWarpgroups + warpgroup, _0{}));
@@ -90,16 +103,17 @@ struct ForwardEpilogue {
   // A tile none of whose rows sees a key (causal with seqlen_q > seqlen_k): output 0, lse -inf,
   // written straight to global memory (rare; shared memory may hold the next tile's Q).
   template <int kRows>
-  CUTE_DEVICE static void store_empty(const ForwardParams& p, int mma_tid, const WorkTile& w) {
+  CUTE_DEVICE static void store_empty(const ForwardParams& p, const Sequence& seq, int mma_tid,
+                                      const WorkTile& w) {
     using namespace cute;
     float row_lse[kRows];
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) row_lse[r] = -INFINITY;
-    store_lse(p, mma_tid, w, row_lse);
+    store_lse(p, seq, mma_tid, w, row_lse);
     auto coords = output_coords(mma_tid);
-    const int rows_left = p.seqlen_q - w.m_block * kBlockM;
-    Element* out = static_cast<Element*>(p.out) + w.batch * p.out_stride.batch +
-                   w.head * p.out_stride.head + int64_t(w.m_block) * kBlockM * p.out_stride.row;
+    const int rows_left = seq.seqlen_q - w.m_block * kBlockM;
+    Element* out = static_cast<Element*>(p.out) + seq.q_offset(p.out_stride, w.batch, w.head) +
+                   int64_t(w.m_block) * kBlockM * p.out_stride.row;
     CUTE_UNROLL
     for (int i = 0; i < size(coords); ++i) {
       const int row = get<0>(coords(i)), col = get<1>(coords(i));

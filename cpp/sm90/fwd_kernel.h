@@ -29,6 +29,7 @@
 
 #include "common/attention_mask.h"
 #include "common/online_softmax.h"
+#include "common/sequence.h"
 #include "fa/params.h"
 #include "sm90/fwd_epilogue.h"
 #include "sm90/fwd_load.h"
@@ -88,25 +89,27 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   typename Config::TiledMmaO mma_o;
   Tensor acc_o = partition_fragment_C(mma_o, typename Config::TileQ{});
   constexpr int kRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
-  const AttentionMask<kCausal> mask(p.seqlen_q, p.seqlen_k);
 
   int q_loads = 0;
   for (int t = blockIdx.x; t < params.scheduler.total;
        t = TileScheduler::receive_next(params.scheduler, t, handoff)) {
     const WorkTile w = TileScheduler::tile(params.scheduler, t);
-    const int n_blocks = Config::key_tiles(mask, p.seqlen_q, w.m_block);
+    const Sequence seq = Sequence::of(p, w.batch);
+    if (w.m_block * Config::kBlockM >= seq.seqlen_q) continue;  // varlen: past this sequence's rows
+    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+    const int n_blocks = Config::key_tiles(mask, seq.seqlen_q, w.m_block);
     if (n_blocks == 0) {
-      Epilogue::template store_empty<kRows>(p, mma_tid, w);
+      Epilogue::template store_empty<kRows>(p, seq, mma_tid, w);
       continue;
     }
     cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_loads++ & 1);
     OnlineSoftmax<kRows> softmax;
-    Mainloop::run(p, smem, pipeline_k, pipeline_v, k_state, v_state, turns, mma_tid, w, n_blocks,
+    Mainloop::run(p, smem, pipeline_k, pipeline_v, k_state, v_state, turns, mma_tid, w, mask, n_blocks,
                   acc_o, softmax);
     float row_lse[kRows];
     auto out_rows = rowcol_view(acc_o);
     softmax.finalize(out_rows, p.scale, row_lse);
-    Epilogue::store(params, smem, mma_tid, w, acc_o, row_lse);
+    Epilogue::store(params, smem, mma_tid, w, seq, acc_o, row_lse);
   }
   Epilogue::finish(mma_tid);
 }

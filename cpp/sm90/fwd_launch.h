@@ -9,6 +9,7 @@
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 
 #include "common/element.h"
+#include "common/sequence.h"
 #include "fa/kernels.h"
 #include "sm90/fwd_config.h"
 #include "sm90/fwd_kernel.h"
@@ -73,17 +74,20 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   const auto* v = static_cast<const Element*>(p.v);
   auto* out = static_cast<Element*>(p.out);
   auto kv_stage = take<0, 2>(typename Config::SmemLayoutKV{});
+  // A varlen batch's packed tensors are one batch entry of total rows (fwd_load.h offsets each
+  // sequence's tiles); its output is not stored by TMA (fwd_epilogue.h), tma_o is then unused.
+  const auto [rows_q, rows_k, batches] = TensorExtents::of(p);
   auto tma_q = make_tma_copy(SM90_TMA_LOAD{},
-                             tma_view<Element>(q, p.q_stride, p.seqlen_q, p.head_dim, p.heads_q, p.batch),
+                             tma_view<Element>(q, p.q_stride, rows_q, p.head_dim, p.heads_q, batches),
                              typename Config::SmemLayoutQ{}, typename Config::TileQ{}, _1{});
   auto tma_k = make_tma_copy(SM90_TMA_LOAD{},
-                             tma_view<Element>(k, p.k_stride, p.seqlen_k, p.head_dim, p.heads_kv, p.batch),
+                             tma_view<Element>(k, p.k_stride, rows_k, p.head_dim, p.heads_kv, batches),
                              kv_stage, typename Config::TileKV{}, _1{});
   auto tma_v = make_tma_copy(SM90_TMA_LOAD{},
-                             tma_view<Element>(v, p.v_stride, p.seqlen_k, p.head_dim, p.heads_kv, p.batch),
+                             tma_view<Element>(v, p.v_stride, rows_k, p.head_dim, p.heads_kv, batches),
                              kv_stage, typename Config::TileKV{}, _1{});
   auto tma_o = make_tma_copy(SM90_TMA_STORE{},
-                             tma_view<Element>(out, p.out_stride, p.seqlen_q, p.head_dim, p.heads_q, p.batch),
+                             tma_view<Element>(out, p.out_stride, rows_q, p.head_dim, p.heads_q, batches),
                              typename Config::SmemLayoutOWarpgroup{}, typename Config::TileOWarpgroup{}, _1{});
 
   int device = 0, sms = 0;
@@ -92,10 +96,12 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
 
   using Params = ForwardKernelParams<decltype(tma_q), decltype(tma_k), decltype(tma_v), decltype(tma_o)>;
+  // Causal tiles differ in length, and so do a varlen batch's: CTAs then take tiles from a counter.
+  const bool dynamic = kCausal || p.cu_seqlens_q != nullptr;
   const int m_blocks = (p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
   Params params{p,
                 TileScheduler::make_params(m_blocks, p.heads_q, p.batch, kCausal,
-                                           kCausal ? p.tile_counter : nullptr),
+                                           dynamic ? p.tile_counter : nullptr),
                 tma_q, tma_k, tma_v, tma_o};
 
   auto kernel = &forward_kernel<Config, kCausal, Params>;

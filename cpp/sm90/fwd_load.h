@@ -14,6 +14,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "common/attention_mask.h"
+#include "common/sequence.h"
 #include "sm90/named_barriers.h"
 #include "sm90/tile_scheduler.h"
 
@@ -32,9 +33,16 @@ struct ForwardLoad {
     const bool leader = elect_one_sync();
     const int group = p.heads_q / p.heads_kv;
 
-    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
-    Tensor mK = params.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-    Tensor mV = params.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
+    // Rectangular: (S, D, H, B). Varlen: (total, D, H, 1), a sequence's tiles offset by its first row.
+    const TensorExtents ext = TensorExtents::of(p);
+    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(ext.rows_q, p.head_dim, p.heads_q, ext.batches));
+    Tensor mK = params.tma_k.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
+    Tensor mV = params.tma_v.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
+    // Whether tile t lies past its sequence's rows (varlen: the order covers the longest sequence).
+    auto past_its_sequence = [&](int t) {
+      const WorkTile w = TileScheduler::tile(params.scheduler, t);
+      return w.m_block * Config::kBlockM >= Sequence::of(p, w.batch).seqlen_q;
+    };
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
@@ -48,28 +56,44 @@ struct ForwardLoad {
 
     auto k_state = cutlass::make_producer_start_state<KVPipeline>();
     auto v_state = cutlass::make_producer_start_state<KVPipeline>();
-    const AttentionMask<kCausal> mask(p.seqlen_q, p.seqlen_k);
     int q_loads = 0;
     for (int t = blockIdx.x, handed = 0; t < params.scheduler.total; ++handed) {
       const WorkTile w = TileScheduler::tile(params.scheduler, t);
-      const int n_blocks = Config::key_tiles(mask, p.seqlen_q, w.m_block);
+      const Sequence seq = Sequence::of(p, w.batch);
+      const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+      // Past this sequence's rows (varlen: the order covers the longest), nothing to do.
+      const int n_blocks =
+          w.m_block * Config::kBlockM < seq.seqlen_q ? Config::key_tiles(mask, seq.seqlen_q, w.m_block) : 0;
       // The next tile is known as soon as this one's loads are issued (the consumers take it
       // from the hand-over when they finish this one).
+      // With dynamic scheduling the tiles past their sequences are skipped here, so the consumers
+      // are never handed one.
       auto advance = [&]() {
         t = TileScheduler::fetch_next(params.scheduler, t);
-        if (params.scheduler.counter != nullptr) handoff.publish(t, handed == 0);
+        if (params.scheduler.counter != nullptr) {
+          if (p.cu_seqlens_q != nullptr) {
+            while (t < params.scheduler.total && past_its_sequence(t)) {
+              t = TileScheduler::fetch_next(params.scheduler, t);
+            }
+          }
+          handoff.publish(t, handed == 0);
+        }
       };
-      if (n_blocks == 0) {  // the consumers write zeros; nothing to load
+      if (n_blocks == 0) {  // the consumers write zeros (or skip the tile); nothing to load
         advance();
         continue;
       }
 
-      Tensor gQ = local_tile(mQ(_, _, w.head, w.batch), typename Config::TileQ{},
-                             make_coord(w.m_block, _0{}));
-      Tensor gK = local_tile(mK(_, _, w.head / group, w.batch), typename Config::TileKV{},
+      const int b = ext.batch_index(w.batch);
+      auto rows_from = [&](int first_row, auto const& m, int head) {
+        return domain_offset(make_coord(first_row, _0{}), m(_, _, head, b));
+      };
+      auto q_rows = [&](auto const& m, int head) { return rows_from(seq.q_begin, m, head); };
+      auto k_rows = [&](auto const& m, int head) { return rows_from(seq.k_begin, m, head); };
+      Tensor gQ = local_tile(q_rows(mQ, w.head), typename Config::TileQ{}, make_coord(w.m_block, _0{}));
+      Tensor gK = local_tile(k_rows(mK, w.head / group), typename Config::TileKV{},
                              make_coord(_, _0{}));  // (kBlockN, D, key tiles)
-      Tensor gV = local_tile(mV(_, _, w.head / group, w.batch), typename Config::TileKV{},
-                             make_coord(_, _0{}));
+      Tensor gV = local_tile(k_rows(mV, w.head / group), typename Config::TileKV{}, make_coord(_, _0{}));
       auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                         group_modes<0, 2>(gQ));
       auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),

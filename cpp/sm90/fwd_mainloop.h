@@ -38,7 +38,8 @@ struct ForwardMainloop {
   CUTE_DEVICE static void run(const ForwardParams& p, Storage& smem, KVPipeline& pipeline_k,
                               KVPipeline& pipeline_v, PipelineState& k_state, PipelineState& v_state,
                               WarpgroupTurns<Config::kMmaWarpgroups> const& turns, int mma_tid,
-                              const WorkTile& w, int n_blocks, AccO& acc_o, Softmax& softmax) {
+                              const WorkTile& w, const AttentionMask<kCausal>& mask, int n_blocks,
+                              AccO& acc_o, Softmax& softmax) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
@@ -57,7 +58,6 @@ struct ForwardMainloop {
     Tensor probs = make_tensor<Element>(acc_s.layout());
     Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(acc_s.layout()));
 
-    const AttentionMask<kCausal> mask(p.seqlen_q, p.seqlen_k);
     const int row0 = w.m_block * kBlockM;
     const int first_masked = mask.first_masked_tile(row0, kBlockN);
     // The softmax of S = Q K[n]ᵀ in acc_s; P lands in probs (tOrP).

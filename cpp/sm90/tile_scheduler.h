@@ -17,8 +17,8 @@
 // benchmarks/NOTES.md: interleaving the tiles of several heads, sized so that their K and V fit in
 // L2, was up to 12% slower.)
 //
-// Varlen batches (a later issue) keep this shape: the per-batch lengths come from a sequence-length
-// type, not from this order.
+// Varlen batches keep this shape: the order covers the longest sequence's query tiles for every
+// sequence, and each role skips a tile that lies past its sequence's rows (common/sequence.h).
 #pragma once
 
 #include <algorithm>

@@ -1,5 +1,6 @@
 #include "checks.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -43,15 +44,22 @@ bool same_device(const Tensor& a, const Tensor& b) {
 
 bool half_type(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16; }
 
-void check_rank4_half(const char* op, const char* name, const Tensor& t) {
+// A 4-D (batch, heads, seqlen, head_dim) or, packed for a variable-length batch, a 3-D
+// (total, heads, head_dim) fp16/bf16 tensor with stride 1 in its last dimension.
+void check_attention_tensor(const char* op, const char* name, const Tensor& t, bool packed = false) {
   FA_CHECK(t.defined(), op, ": ", name, " is undefined");
-  FA_CHECK(t.dim() == 4, op, ": ", name, " must be 4-D (batch, heads, seqlen, head_dim), got shape ",
-           shape_of(t));
+  if (packed) {
+    FA_CHECK(t.dim() == 3, op, ": ", name, " must be 3-D (total, heads, head_dim), got shape ", shape_of(t));
+  } else {
+    FA_CHECK(t.dim() == 4, op, ": ", name, " must be 4-D (batch, heads, seqlen, head_dim), got shape ",
+             shape_of(t));
+  }
   FA_CHECK(half_type(t.scalar_type()), op, ": ", name, ".dtype must be float16 or bfloat16, got ",
            dtype_name(t.scalar_type()));
   FA_CHECK(t.is_cpu() || t.is_cuda(), op, ": ", name, " must be a CPU or CUDA tensor, got ",
            device_name(t));
-  FA_CHECK(t.size(3) <= 1 || t.stride(3) == 1, op, ": ", name,
+  const int64_t last = t.dim() - 1;
+  FA_CHECK(t.size(last) <= 1 || t.stride(last) == 1, op, ": ", name,
            " must have stride 1 in its last dimension (head_dim), got strides ", str_of(t.strides()),
            "; call .contiguous() on it");
 }
@@ -65,13 +73,44 @@ void check_same_kind(const char* op, const char* name, const Tensor& t, const Te
 
 }  // namespace
 
-AttentionShape check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
-  constexpr const char* op = "fa.forward";
-  check_rank4_half(op, "q", q);
-  check_rank4_half(op, "k", k);
-  check_rank4_half(op, "v", v);
+namespace {
+
+// What q, k and v must share in either layout: dtype, device, head_dim (its allowed values), and
+// query heads divisible by key/value heads.
+void check_heads(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s) {
   check_same_kind(op, "k", k, q);
   check_same_kind(op, "v", v, q);
+  const int64_t last = q.dim() - 1;
+  FA_CHECK(k.size(last) == s.head_dim, op, ": k and v must have q's head_dim ", str_of(s.head_dim), ", got ",
+           str_of(k.size(last)));
+  FA_CHECK(s.head_dim % kHeadDimMultiple == 0 && s.head_dim >= kHeadDimMultiple && s.head_dim <= kMaxHeadDim,
+           op, ": head_dim must be a multiple of ", str_of(kHeadDimMultiple), " between ",
+           str_of(kHeadDimMultiple), " and ", str_of(kMaxHeadDim), ", got ", str_of(s.head_dim));
+  if (s.heads_kv == 0) {
+    FA_CHECK(s.heads_q == 0, op, ": k and v have 0 heads but q has ", str_of(s.heads_q));
+  } else {
+    FA_CHECK(s.heads_q % s.heads_kv == 0, op, ": the number of query heads (", str_of(s.heads_q),
+             ") must be divisible by the number of key/value heads (", str_of(s.heads_kv), ")");
+  }
+}
+
+// cu_seqlens_q / cu_seqlens_k: int32, 1-D, (batch + 1), on q's device.
+void check_cu_seqlens(const char* op, const char* name, const Tensor& t, const Tensor& q) {
+  FA_CHECK(t.defined(), op, ": ", name, " is undefined");
+  FA_CHECK(t.scalar_type() == ScalarType::Int, op, ": ", name, ".dtype must be int32, got ",
+           dtype_name(t.scalar_type()));
+  FA_CHECK(t.dim() == 1 && t.size(0) >= 1, op, ": ", name,
+           " must be 1-D with batch + 1 entries (0, then each sequence's end), got shape ", shape_of(t));
+  FA_CHECK(same_device(t, q), op, ": ", name, " is on ", device_name(t), " but q is on ", device_name(q));
+}
+
+}  // namespace
+
+AttentionShape check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
+  constexpr const char* op = "fa.forward";
+  check_attention_tensor(op, "q", q);
+  check_attention_tensor(op, "k", k);
+  check_attention_tensor(op, "v", v);
 
   AttentionShape s;
   s.batch = q.size(0);
@@ -85,40 +124,83 @@ AttentionShape check_forward_inputs(const Tensor& q, const Tensor& k, const Tens
            "head_dim), got k ", shape_of(k), " and v ", shape_of(v));
   FA_CHECK(k.size(0) == s.batch, op, ": k and v must have q's batch size ", str_of(s.batch), ", got ",
            str_of(k.size(0)));
-  FA_CHECK(k.size(3) == s.head_dim, op, ": k and v must have q's head_dim ", str_of(s.head_dim), ", got ",
-           str_of(k.size(3)));
-  FA_CHECK(s.head_dim % kHeadDimMultiple == 0 && s.head_dim >= kHeadDimMultiple && s.head_dim <= kMaxHeadDim,
-           op, ": head_dim must be a multiple of ", str_of(kHeadDimMultiple), " between ",
-           str_of(kHeadDimMultiple), " and ", str_of(kMaxHeadDim), ", got ", str_of(s.head_dim));
-  if (s.heads_kv == 0) {
-    FA_CHECK(s.heads_q == 0, op, ": k and v have 0 heads but q has ", str_of(s.heads_q));
-  } else {
-    FA_CHECK(s.heads_q % s.heads_kv == 0, op, ": the number of query heads (", str_of(s.heads_q),
-             ") must be divisible by the number of key/value heads (", str_of(s.heads_kv), ")");
-  }
+  check_heads(op, q, k, v, s);
   return s;
 }
 
-AttentionShape check_backward_inputs(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                     const Tensor& v, const Tensor& out, const Tensor& softmax_lse) {
-  constexpr const char* op = "fa.backward";
-  AttentionShape s = check_forward_inputs(q, k, v);
-  check_rank4_half(op, "dout", dout);
-  check_rank4_half(op, "out", out);
+VarlenShape check_varlen_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  check_attention_tensor(op, "q", q, true);
+  check_attention_tensor(op, "k", k, true);
+  check_attention_tensor(op, "v", v, true);
+  FA_CHECK(k.sizes().equals(v.sizes()), op, ": k and v must have the same shape (total_k, heads_kv, ",
+           "head_dim), got k ", shape_of(k), " and v ", shape_of(v));
+  check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q);
+  check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, q);
+  FA_CHECK(cu_seqlens_q.size(0) == cu_seqlens_k.size(0), op,
+           ": cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got ",
+           str_of(cu_seqlens_q.size(0)), " and ", str_of(cu_seqlens_k.size(0)));
+  FA_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, op, ": max_seqlen_q and max_seqlen_k must be >= 0, got ",
+           str_of(max_seqlen_q), " and ", str_of(max_seqlen_k));
+
+  VarlenShape s;
+  s.batch = cu_seqlens_q.size(0) - 1;
+  s.heads_q = q.size(1);
+  s.head_dim = q.size(2);
+  s.heads_kv = k.size(1);
+  s.total_q = q.size(0);
+  s.total_k = k.size(0);
+  // No sequence is longer than its packed tensor: the grid never needs more.
+  s.seqlen_q = std::min(max_seqlen_q, s.total_q);
+  s.seqlen_k = std::min(max_seqlen_k, s.total_k);
+  check_heads(op, q, k, v, s);
+  return s;
+}
+
+namespace {
+
+// dout and out: q's shape, dtype and device.
+void check_dout_and_out(const char* op, const Tensor& dout, const Tensor& q, const Tensor& out, bool packed) {
+  check_attention_tensor(op, "dout", dout, packed);
+  check_attention_tensor(op, "out", out, packed);
   check_same_kind(op, "dout", dout, q);
   check_same_kind(op, "out", out, q);
   FA_CHECK(dout.sizes().equals(q.sizes()), op, ": dout must have q's shape ", shape_of(q), ", got ",
            shape_of(dout));
   FA_CHECK(out.sizes().equals(q.sizes()), op, ": out must have q's shape ", shape_of(q), ", got ",
            shape_of(out));
-  FA_CHECK(softmax_lse.defined() && softmax_lse.scalar_type() == ScalarType::Float, op,
-           ": softmax_lse must be float32 (as fa.forward returns it)");
-  FA_CHECK(same_device(softmax_lse, q), op, ": softmax_lse is on ", device_name(softmax_lse),
-           " but q is on ", device_name(q));
-  FA_CHECK(softmax_lse.dim() == 3 && softmax_lse.size(0) == s.batch && softmax_lse.size(1) == s.heads_q &&
-               softmax_lse.size(2) == s.seqlen_q,
-           op, ": softmax_lse must have shape (batch, heads_q, seqlen_q) = ",
-           str_of({s.batch, s.heads_q, s.seqlen_q}), ", got ", shape_of(softmax_lse));
+}
+
+// softmax_lse: float32 on q's device with the shape the forward returned.
+void check_lse(const char* op, const Tensor& lse, const Tensor& q, std::initializer_list<int64_t> shape,
+               const char* shape_names) {
+  FA_CHECK(lse.defined() && lse.scalar_type() == ScalarType::Float, op,
+           ": softmax_lse must be float32 (as the forward returns it)");
+  FA_CHECK(same_device(lse, q), op, ": softmax_lse is on ", device_name(lse), " but q is on ", device_name(q));
+  FA_CHECK(lse.sizes().equals(IntArrayRef(shape)), op, ": softmax_lse must have shape ", shape_names, " = ",
+           str_of(shape), ", got ", shape_of(lse));
+}
+
+}  // namespace
+
+AttentionShape check_backward_inputs(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& out, const Tensor& softmax_lse) {
+  constexpr const char* op = "fa.backward";
+  AttentionShape s = check_forward_inputs(q, k, v);
+  check_dout_and_out(op, dout, q, out, false);
+  check_lse(op, softmax_lse, q, {s.batch, s.heads_q, s.seqlen_q}, "(batch, heads_q, seqlen_q)");
+  return s;
+}
+
+VarlenShape check_varlen_backward_inputs(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& out, const Tensor& softmax_lse,
+                                         const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                         int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  constexpr const char* op = "fa.backward_varlen";
+  VarlenShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  check_dout_and_out(op, dout, q, out, true);
+  check_lse(op, softmax_lse, q, {s.heads_q, s.total_q}, "(heads_q, total_q)");
   return s;
 }
 

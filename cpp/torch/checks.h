@@ -19,6 +19,13 @@ struct AttentionShape {
   bool empty() const { return batch == 0 || heads_q == 0 || seqlen_q == 0; }
 };
 
+// A variable-length batch: batch = len(cu_seqlens_q) - 1, seqlen_q/seqlen_k the given maxima (at
+// most total_q / total_k).
+struct VarlenShape : AttentionShape {
+  int64_t total_q = 0;  // rows of the packed q
+  int64_t total_k = 0;  // rows of the packed k and v
+};
+
 inline constexpr int64_t kMaxHeadDim = 256;
 inline constexpr int64_t kHeadDimMultiple = 8;
 
@@ -28,6 +35,19 @@ AttentionShape check_forward_inputs(const Tensor& q, const Tensor& k, const Tens
 // The forward's inputs plus dout (q's shape), out (q's shape) and softmax_lse ((B, Hq, Sq) float32).
 AttentionShape check_backward_inputs(const Tensor& dout, const Tensor& q, const Tensor& k,
                                      const Tensor& v, const Tensor& out, const Tensor& softmax_lse);
+
+// Variable-length batches (op names fa.forward_varlen / fa.backward_varlen): q (total_q, Hq, D),
+// k and v (total_k, Hk, D), cu_seqlens_* int32 (batch + 1) on q's device. Their values are not
+// read (that would synchronise with the GPU); the CPU implementation checks them.
+VarlenShape check_varlen_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                int64_t max_seqlen_q, int64_t max_seqlen_k);
+
+// The varlen forward's inputs plus dout and out (q's shape) and softmax_lse ((Hq, total_q) float32).
+VarlenShape check_varlen_backward_inputs(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& out, const Tensor& softmax_lse,
+                                         const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                         int64_t max_seqlen_q, int64_t max_seqlen_k);
 
 // softmax_scale, or 1/sqrt(head_dim) when it is None.
 float resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim);

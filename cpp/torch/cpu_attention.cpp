@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -34,24 +36,33 @@ void parallel_for(int64_t n, const Fn& fn) {
   for (auto& t : pool) t.join();
 }
 
-// A (B, H, S, D) tensor's elements by index, whatever its strides (the last one is 1).
+// A tensor's elements by (batch entry, head, row), whatever its strides (the last one is 1): a
+// (B, H, S, D) tensor, or a packed (total, H, D) one (batch stride 0, rows indexed from each
+// sequence's start); lse likewise as (B, H, S) or (H, total).
 template <class T>
 struct Rows {
   T* data;
   int64_t stride[3];
 
-  explicit Rows(const Tensor& t)
-      : data(static_cast<T*>(t.data_ptr())), stride{t.stride(0), t.stride(1), t.stride(2)} {}
+  static Rows attention(const Tensor& t, bool packed) {
+    if (packed) return {static_cast<T*>(t.data_ptr()), {0, t.stride(1), t.stride(0)}};
+    return {static_cast<T*>(t.data_ptr()), {t.stride(0), t.stride(1), t.stride(2)}};
+  }
+  static Rows lse(const Tensor& t, bool packed) {
+    if (packed) return {static_cast<T*>(t.data_ptr()), {0, t.stride(0), t.stride(1)}};
+    return {static_cast<T*>(t.data_ptr()), {t.stride(0), t.stride(1), t.stride(2)}};
+  }
   T* row(int64_t b, int64_t h, int64_t s) const {
     return data + b * stride[0] + h * stride[1] + s * stride[2];
   }
 };
 
-// Rows [0, rows) of head (b, h), as float32 in a dense (rows, D) buffer.
+// Rows [first, first + rows) of head (b, h), as float32 in a dense (rows, D) buffer.
 template <class T>
-void load_rows(const Rows<const T>& src, int64_t b, int64_t h, int64_t rows, int64_t d, float* dst) {
+void load_rows(const Rows<const T>& src, int64_t b, int64_t h, int64_t first, int64_t rows, int64_t d,
+               float* dst) {
   for (int64_t s = 0; s < rows; ++s) {
-    const T* row = src.row(b, h, s);
+    const T* row = src.row(b, h, first + s);
     for (int64_t i = 0; i < d; ++i) dst[s * d + i] = static_cast<float>(row[i]);
   }
 }
@@ -80,26 +91,85 @@ int64_t first_query_seeing(const AttentionShape& s, bool causal, int64_t key) {
   return std::clamp<int64_t>(key - (s.seqlen_k - s.seqlen_q), 0, s.seqlen_q);
 }
 
+// The batch entries the loops walk: every entry of a rectangular batch has the call's shape and
+// its rows from 0; a variable-length batch's entries take their lengths and first rows from
+// cu_seqlens (CPU tensors here, so their values are read and checked).
+class Batch {
+ public:
+  explicit Batch(const AttentionShape& s) : shape_(s) {}
+
+  Batch(const char* op, const VarlenShape& s, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k)
+      : shape_(s),
+        cu_q_(static_cast<const int32_t*>(cu_seqlens_q.data_ptr())),
+        cu_k_(static_cast<const int32_t*>(cu_seqlens_k.data_ptr())),
+        stride_q_(cu_seqlens_q.stride(0)),
+        stride_k_(cu_seqlens_k.stride(0)) {
+    check_offsets(op, "q", cu_q_, stride_q_, s.total_q, s.seqlen_q);
+    check_offsets(op, "k", cu_k_, stride_k_, s.total_k, s.seqlen_k);
+  }
+
+  bool packed() const { return cu_q_ != nullptr; }
+  int64_t size() const { return shape_.batch; }
+  int64_t q_begin(int64_t b) const { return packed() ? cu_q_[b * stride_q_] : 0; }
+  int64_t k_begin(int64_t b) const { return packed() ? cu_k_[b * stride_k_] : 0; }
+  // Entry b's shape (batch 1; its own lengths).
+  AttentionShape entry(int64_t b) const {
+    AttentionShape s = shape_;
+    s.batch = 1;
+    if (packed()) {
+      s.seqlen_q = cu_q_[(b + 1) * stride_q_] - q_begin(b);
+      s.seqlen_k = cu_k_[(b + 1) * stride_k_] - k_begin(b);
+    }
+    return s;
+  }
+
+ private:
+  // cu_seqlens_x starts at 0, never decreases, ends inside the packed tensor, and no sequence is
+  // longer than max_seqlen_x.
+  void check_offsets(const char* op, const char* x, const int32_t* cu, int64_t stride, int64_t total,
+                     int64_t max_len) const {
+    const std::string name = std::string("cu_seqlens_") + x;
+    FA_CHECK(cu[0] == 0, op, ": ", name, "[0] must be 0, got ", str_of(int64_t(cu[0])));
+    for (int64_t b = 0; b < shape_.batch; ++b) {
+      const int64_t len = int64_t(cu[(b + 1) * stride]) - cu[b * stride];
+      FA_CHECK(len >= 0 && len <= max_len, op, ": sequence ", str_of(b), " has ", str_of(len), " rows by ",
+               name, ", outside [0, max_seqlen_", x, " = ", str_of(max_len), "]");
+    }
+    const int64_t end = cu[shape_.batch * stride];
+    FA_CHECK(end <= total, op, ": ", name, " ends at ", str_of(end), ", past the ", str_of(total),
+             " rows of ", x == std::string("q") ? "q" : "k and v");
+  }
+
+  AttentionShape shape_;
+  const int32_t* cu_q_ = nullptr;
+  const int32_t* cu_k_ = nullptr;
+  int64_t stride_q_ = 1, stride_k_ = 1;
+};
+
 template <class T>
 void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const ForwardOutputs& o,
-                  const AttentionShape& s, float scale, bool causal) {
-  const Rows<const T> q(q_t), k(k_t), v(v_t);
-  const Rows<T> out(o.out);
-  float* lse = static_cast<float*>(o.lse.data_ptr());  // contiguous (B, Hq, Sq)
-  const int64_t d = s.head_dim, group = s.group_size();
-  std::vector<float> keys(s.seqlen_k * d), values(s.seqlen_k * d);
+                  const Batch& batch, float scale, bool causal) {
+  const bool packed = batch.packed();
+  const auto q = Rows<const T>::attention(q_t, packed), k = Rows<const T>::attention(k_t, packed),
+             v = Rows<const T>::attention(v_t, packed);
+  const auto out = Rows<T>::attention(o.out, packed);
+  const auto lse = Rows<float>::lse(o.lse, packed);
 
-  for (int64_t b = 0; b < s.batch; ++b) {
+  for (int64_t b = 0; b < batch.size(); ++b) {
+    const AttentionShape s = batch.entry(b);
+    const int64_t q0 = batch.q_begin(b), k0 = batch.k_begin(b);
+    const int64_t d = s.head_dim, group = s.group_size();
+    std::vector<float> keys(s.seqlen_k * d), values(s.seqlen_k * d);
     for (int64_t hk = 0; hk < s.heads_kv; ++hk) {
-      load_rows(k, b, hk, s.seqlen_k, d, keys.data());
-      load_rows(v, b, hk, s.seqlen_k, d, values.data());
+      load_rows(k, b, hk, k0, s.seqlen_k, d, keys.data());
+      load_rows(v, b, hk, k0, s.seqlen_k, d, values.data());
       // The group's query heads stacked as rows: (hq, i) for hq in the group, i < Sq.
       parallel_for(group * s.seqlen_q, [&](int64_t begin, int64_t end) {
         std::vector<float> query(d), acc(d), scores(s.seqlen_k);
         for (int64_t r = begin; r < end; ++r) {
           const int64_t hq = hk * group + r / s.seqlen_q, i = r % s.seqlen_q;
           const int64_t seen = visible_keys(s, causal, i);
-          const T* q_row = q.row(b, hq, i);
+          const T* q_row = q.row(b, hq, q0 + i);
           for (int64_t c = 0; c < d; ++c) query[c] = static_cast<float>(q_row[c]);
           float row_max = -kInf;
           for (int64_t j = 0; j < seen; ++j) {
@@ -113,10 +183,10 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
             row_sum += p;
             axpy(p, &values[j * d], acc.data(), d);
           }
-          T* out_row = out.row(b, hq, i);
+          T* out_row = out.row(b, hq, q0 + i);
           const float inv = seen > 0 ? 1.f / row_sum : 0.f;
           for (int64_t c = 0; c < d; ++c) out_row[c] = static_cast<T>(acc[c] * inv);
-          lse[(b * s.heads_q + hq) * s.seqlen_q + i] = seen > 0 ? row_max + std::log(row_sum) : -kInf;
+          *lse.row(b, hq, q0 + i) = seen > 0 ? row_max + std::log(row_sum) : -kInf;
         }
       });
     }
@@ -125,22 +195,27 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
 
 template <class T>
 void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, const Tensor& v_t,
-                   const Tensor& out_t, const Tensor& lse_t, const Gradients& g, const AttentionShape& s,
+                   const Tensor& out_t, const Tensor& lse_t, const Gradients& g, const Batch& batch,
                    float scale, bool causal) {
-  const Rows<const T> q(q_t), k(k_t), v(v_t), out(out_t), dout(dout_t);
-  const Rows<T> dq(g.dq), dk(g.dk), dv(g.dv);
-  const float* lse_data = static_cast<const float*>(lse_t.data_ptr());
-  const int64_t lse_stride[3] = {lse_t.stride(0), lse_t.stride(1), lse_t.stride(2)};
-  const int64_t d = s.head_dim, group = s.group_size(), rows = group * s.seqlen_q;
-  std::vector<float> keys(s.seqlen_k * d), values(s.seqlen_k * d);
-  std::vector<float> queries(rows * d), grads(rows * d), lse(rows), delta(rows);
+  const bool packed = batch.packed();
+  const auto q = Rows<const T>::attention(q_t, packed), k = Rows<const T>::attention(k_t, packed),
+             v = Rows<const T>::attention(v_t, packed), out = Rows<const T>::attention(out_t, packed),
+             dout = Rows<const T>::attention(dout_t, packed);
+  const auto dq = Rows<T>::attention(g.dq, packed), dk = Rows<T>::attention(g.dk, packed),
+             dv = Rows<T>::attention(g.dv, packed);
+  const auto lse_rows = Rows<const float>::lse(lse_t, packed);
 
-  for (int64_t b = 0; b < s.batch; ++b) {
+  for (int64_t b = 0; b < batch.size(); ++b) {
+    const AttentionShape s = batch.entry(b);
+    const int64_t q0 = batch.q_begin(b), k0 = batch.k_begin(b);
+    const int64_t d = s.head_dim, group = s.group_size(), rows = group * s.seqlen_q;
+    std::vector<float> keys(s.seqlen_k * d), values(s.seqlen_k * d);
+    std::vector<float> queries(rows * d), grads(rows * d), lse(rows), delta(rows);
     for (int64_t hk = 0; hk < s.heads_kv; ++hk) {
-      load_rows(k, b, hk, s.seqlen_k, d, keys.data());
-      load_rows(v, b, hk, s.seqlen_k, d, values.data());
+      load_rows(k, b, hk, k0, s.seqlen_k, d, keys.data());
+      load_rows(v, b, hk, k0, s.seqlen_k, d, values.data());
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t hq = hk * group + r / s.seqlen_q, i = r % s.seqlen_q;
+        const int64_t hq = hk * group + r / s.seqlen_q, i = q0 + r % s.seqlen_q;
         const T* q_row = q.row(b, hq, i);
         const T* do_row = dout.row(b, hq, i);
         const T* o_row = out.row(b, hq, i);
@@ -152,7 +227,7 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
         }
         delta[r] = row_delta;
         // A row that saw no key has lse -inf; +inf makes its P exactly 0, so its gradients are 0.
-        const float l = lse_data[b * lse_stride[0] + hq * lse_stride[1] + i * lse_stride[2]];
+        const float l = *lse_rows.row(b, hq, i);
         lse[r] = l == -kInf ? kInf : l;
       }
       // P_rj and dS_rj = P_rj (dP_rj - delta_r) for query row r and key j, recomputed by each pass.
@@ -172,7 +247,7 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
             probs(r, j, &ds);
             axpy(ds, &keys[j * d], acc.data(), d);
           }
-          T* dq_row = dq.row(b, hq, i);
+          T* dq_row = dq.row(b, hq, q0 + i);
           for (int64_t c = 0; c < d; ++c) dq_row[c] = static_cast<T>(acc[c] * scale);
         }
       });
@@ -190,8 +265,8 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
             axpy(p, &grads[r * d], dv_acc.data(), d);
             axpy(ds, &queries[r * d], dk_acc.data(), d);
           }
-          T* dk_row = dk.row(b, hk, j);
-          T* dv_row = dv.row(b, hk, j);
+          T* dk_row = dk.row(b, hk, k0 + j);
+          T* dv_row = dv.row(b, hk, k0 + j);
           for (int64_t c = 0; c < d; ++c) {
             dk_row[c] = static_cast<T>(dk_acc[c] * scale);
             dv_row[c] = static_cast<T>(dv_acc[c]);
@@ -199,6 +274,24 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
         }
       });
     }
+  }
+}
+
+template <class... Args>
+void forward_any(const Tensor& q, Args&&... args) {
+  if (q.scalar_type() == ScalarType::Half) {
+    forward_impl<torch::headeronly::Half>(q, std::forward<Args>(args)...);
+  } else {
+    forward_impl<torch::headeronly::BFloat16>(q, std::forward<Args>(args)...);
+  }
+}
+
+template <class... Args>
+void backward_any(const Tensor& dout, const Tensor& q, Args&&... args) {
+  if (q.scalar_type() == ScalarType::Half) {
+    backward_impl<torch::headeronly::Half>(dout, q, std::forward<Args>(args)...);
+  } else {
+    backward_impl<torch::headeronly::BFloat16>(dout, q, std::forward<Args>(args)...);
   }
 }
 
@@ -210,11 +303,7 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& q, const Tensor& k, const T
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   ForwardOutputs o = allocate_forward_outputs(q, s);
   if (finish_trivial_forward(s, o)) return {o.out, o.lse};
-  if (q.scalar_type() == ScalarType::Half) {
-    forward_impl<torch::headeronly::Half>(q, k, v, o, s, scale, causal);
-  } else {
-    forward_impl<torch::headeronly::BFloat16>(q, k, v, o, s, scale, causal);
-  }
+  forward_any(q, k, v, o, Batch(s), scale, causal);
   return {o.out, o.lse};
 }
 
@@ -226,11 +315,44 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(const Tensor& dout, const Tensor
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   Gradients g = allocate_gradients(q, k, v);
   if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
-  if (q.scalar_type() == ScalarType::Half) {
-    backward_impl<torch::headeronly::Half>(dout, q, k, v, out, softmax_lse, g, s, scale, causal);
-  } else {
-    backward_impl<torch::headeronly::BFloat16>(dout, q, k, v, out, softmax_lse, g, s, scale, causal);
-  }
+  backward_any(dout, q, k, v, out, softmax_lse, g, Batch(s), scale, causal);
+  return {g.dq, g.dk, g.dv};
+}
+
+std::tuple<Tensor, Tensor> forward_varlen_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                              int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                              std::optional<double> softmax_scale, bool causal) {
+  constexpr const char* op = "fa.forward_varlen";
+  const VarlenShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
+  const Batch batch(op, s, cu_seqlens_q, cu_seqlens_k);
+  ForwardOutputs o = allocate_varlen_outputs(q, s);
+  // Rows past the last sequence belong to none: out 0, lse -inf, as for rows that see no key.
+  torch::stable::zero_(o.out);
+  torch::stable::fill_(o.lse, -std::numeric_limits<double>::infinity());
+  if (finish_trivial_forward(s, o)) return {o.out, o.lse};
+  forward_any(q, k, v, o, batch, scale, causal);
+  return {o.out, o.lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> backward_varlen_cpu(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                       const Tensor& v, const Tensor& out,
+                                                       const Tensor& softmax_lse, const Tensor& cu_seqlens_q,
+                                                       const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                                                       int64_t max_seqlen_k, std::optional<double> softmax_scale,
+                                                       bool causal) {
+  constexpr const char* op = "fa.backward_varlen";
+  const VarlenShape s = check_varlen_backward_inputs(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
+                                                     max_seqlen_q, max_seqlen_k);
+  const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
+  const Batch batch(op, s, cu_seqlens_q, cu_seqlens_k);
+  Gradients g = allocate_varlen_gradients(q, k, v);
+  torch::stable::zero_(g.dq);
+  torch::stable::zero_(g.dk);
+  torch::stable::zero_(g.dv);
+  if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
+  backward_any(dout, q, k, v, out, softmax_lse, g, batch, scale, causal);
   return {g.dq, g.dk, g.dv};
 }
 

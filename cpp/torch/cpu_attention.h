@@ -18,4 +18,18 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(const Tensor& dout, const Tensor
                                                 const Tensor& softmax_lse,
                                                 std::optional<double> softmax_scale, bool causal);
 
+// Variable-length batches (fa::forward_varlen / fa::backward_varlen). Here, unlike on CUDA, the
+// values of cu_seqlens_q / cu_seqlens_k are checked (reading them costs nothing on the CPU).
+std::tuple<Tensor, Tensor> forward_varlen_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                              int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                              std::optional<double> softmax_scale, bool causal);
+
+std::tuple<Tensor, Tensor, Tensor> backward_varlen_cpu(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                       const Tensor& v, const Tensor& out,
+                                                       const Tensor& softmax_lse, const Tensor& cu_seqlens_q,
+                                                       const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                                                       int64_t max_seqlen_k, std::optional<double> softmax_scale,
+                                                       bool causal);
+
 }  // namespace fa::torch_binding

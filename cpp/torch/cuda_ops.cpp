@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>  // aoti_torch_get_current_cuda_stream (USE_CUDA)
@@ -61,11 +62,19 @@ std::string check_device(const Tensor& t, const char* op) {
 // odd storage offset, say) is copied; outputs are allocated aligned.
 Tensor aligned_for_kernels(const Tensor& t) {
   bool aligned = reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
-  for (int d = 0; d < 3; ++d) aligned = aligned && (t.size(d) <= 1 || t.stride(d) % 8 == 0);
+  for (int d = 0; d + 1 < t.dim(); ++d) aligned = aligned && (t.size(d) <= 1 || t.stride(d) % 8 == 0);
   return aligned ? t : contiguous_copy(t);
 }
 
-Strides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+// A (B, H, S, D) tensor's strides, or a packed (total, H, D) one's (batch stride 0: each sequence's
+// rows are found through cu_seqlens).
+Strides strides_of(const Tensor& t) {
+  if (t.dim() == 3) return {0, t.stride(1), t.stride(0)};
+  return {t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// cu_seqlens as the kernels index it: one int32 after another.
+Tensor dense_offsets(const Tensor& t) { return t.size(0) <= 1 || t.stride(0) == 1 ? t : contiguous_copy(t); }
 
 // The kernel families, and which one serves a forward call.
 enum class Family { kSm80, kSm90 };
@@ -202,8 +211,9 @@ void fill_forward_params(ForwardParams& p, const Tensor& q, const Tensor& k, con
   p.k_stride = strides_of(k);
   p.v_stride = strides_of(v);
   p.out_stride = strides_of(out);
-  p.lse_batch_stride = lse.stride(0);
-  p.lse_head_stride = lse.stride(1);
+  // lse: (B, Hq, Sq), or (Hq, total_q) for a packed batch.
+  p.lse_batch_stride = lse.dim() == 2 ? 0 : lse.stride(0);
+  p.lse_head_stride = lse.dim() == 2 ? lse.stride(0) : lse.stride(1);
   p.batch = static_cast<int>(s.batch);
   p.heads_q = static_cast<int>(s.heads_q);
   p.heads_kv = static_cast<int>(s.heads_kv);
@@ -212,6 +222,29 @@ void fill_forward_params(ForwardParams& p, const Tensor& q, const Tensor& k, con
   p.head_dim = static_cast<int>(s.head_dim);
   p.scale = scale;
   p.scale_log2 = scale * static_cast<float>(M_LOG2E);
+}
+
+// Launches the forward kernels of `kernels` for p on q's current stream.
+void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kernels, bool causal, const char* op) {
+  const cudaStream_t stream = current_stream(q);
+  cudaError_t err;
+  if (kernels.family == Family::kSm90) {
+    // Causal tiles differ in length, and so do a varlen batch's: CTAs take the next one from a
+    // counter as they finish.
+    std::optional<Tensor> tile_counter;
+    if (causal || p.cu_seqlens_q != nullptr) {
+      tile_counter = torch::stable::new_zeros(q, {1}, ScalarType::Int);
+      p.tile_counter = static_cast<int*>(tile_counter->data_ptr());
+    }
+    err = dispatch<Family::kSm90, Direction::kForward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
+      return sm90::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+    });
+  } else {
+    err = dispatch<Family::kSm80, Direction::kForward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
+      return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+    });
+  }
+  if (err != cudaSuccess) raise_launch_error(err, q, op);
 }
 
 std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -230,27 +263,107 @@ std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, 
   const Tensor v = aligned_for_kernels(v_in);
   ForwardParams p;
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
+  run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, op), causal, op);
+  return {o.out, o.lse};
+}
+
+std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                               const Tensor& cu_seqlens_q_in, const Tensor& cu_seqlens_k_in,
+                                               int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                               std::optional<double> softmax_scale, bool causal) {
+  constexpr const char* op = "fa.forward_varlen";
+  const VarlenShape s = check_varlen_inputs(op, q_in, k_in, v_in, cu_seqlens_q_in, cu_seqlens_k_in,
+                                            max_seqlen_q, max_seqlen_k);
+  const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
+  const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
+  const std::string arch = check_device(q_in, op);
+  ForwardOutputs o = allocate_varlen_outputs(q_in, s);
+  if (finish_trivial_forward(s, o)) return {o.out, o.lse};
+  check_grid_limits(s, op);
+
+  const Tensor q = aligned_for_kernels(q_in);
+  const Tensor k = aligned_for_kernels(k_in);
+  const Tensor v = aligned_for_kernels(v_in);
+  const Tensor cu_seqlens_q = dense_offsets(cu_seqlens_q_in);
+  const Tensor cu_seqlens_k = dense_offsets(cu_seqlens_k_in);
+  ForwardParams p;
+  fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
+  p.cu_seqlens_q = static_cast<const int*>(cu_seqlens_q.data_ptr());
+  p.cu_seqlens_k = static_cast<const int*>(cu_seqlens_k.data_ptr());
+  p.total_q = static_cast<int>(s.total_q);
+  p.total_k = static_cast<int>(s.total_k);
+  run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, op), causal, op);
+  return {o.out, o.lse};
+}
+
+// The backward's inputs, made fit for the kernels (16-byte aligned rows, lse rows contiguous).
+struct BackwardInputs {
+  Tensor dout, q, k, v, out, lse;
+
+  BackwardInputs(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                 const Tensor& out_in, const Tensor& lse_in)
+      : dout(aligned_for_kernels(dout_in)),
+        q(aligned_for_kernels(q_in)),
+        k(aligned_for_kernels(k_in)),
+        v(aligned_for_kernels(v_in)),
+        out(aligned_for_kernels(out_in)),
+        lse(lse_in.stride(lse_in.dim() - 1) == 1 ? lse_in : contiguous_copy(lse_in)) {}
+};
+
+// Fills p for the backward of `in` into g, allocates the fp32 workspaces (dQ accumulated by every
+// key tile, delta = rowsum(dO ∘ O) and, for the Hopper family, lse in log2 units; rows padded so
+// that every query tile lies inside them, dQ's columns as wide as the kernel's head dim), and
+// launches the kernels. The workspaces are (B, Hq, rows) or, for a packed batch, (Hq, rows) with
+// the sequences at their own padded offsets (common/sequence.h).
+void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gradients& g,
+                          const AttentionShape& s, int64_t total_q, float scale, const Kernels& kernels,
+                          bool causal, const char* op) {
+  const Tensor& q = in.q;
+  const bool packed = q.dim() == 3;
+  const int64_t rounded = (s.seqlen_q + kBackwardRowPadding - 1) / kBackwardRowPadding * kBackwardRowPadding;
+  // Varlen: each head's rows a multiple of the padding too, so that every tile's rows start
+  // 16-byte aligned (the Hopper family loads them with bulk copies).
+  const int64_t head_rows =
+      (total_q + (s.batch + 1) * kBackwardRowPadding - 1) / kBackwardRowPadding * kBackwardRowPadding;
+  std::vector<int64_t> rows_shape = packed ? std::vector<int64_t>{s.heads_q, head_rows}
+                                           : std::vector<int64_t>{s.batch, s.heads_q, rounded};
+  std::vector<int64_t> dq_shape = rows_shape;
+  dq_shape.push_back(kernels.head_dim);
+  const Tensor dq_accum = torch::stable::new_empty(q, IntArrayRef(dq_shape.data(), dq_shape.size()), ScalarType::Float);
+  const Tensor delta = torch::stable::new_empty(q, IntArrayRef(rows_shape.data(), rows_shape.size()), ScalarType::Float);
+  std::optional<Tensor> lse_log2;
+  if (kernels.family == Family::kSm90) {
+    lse_log2 = torch::stable::new_empty(q, IntArrayRef(rows_shape.data(), rows_shape.size()), ScalarType::Float);
+  }
+
+  fill_forward_params(p, q, in.k, in.v, in.out, in.lse, s, scale);
+  p.dout = in.dout.data_ptr();
+  p.dout_stride = strides_of(in.dout);
+  p.dq = g.dq.data_ptr();
+  p.dk = g.dk.data_ptr();
+  p.dv = g.dv.data_ptr();
+  p.dq_stride = strides_of(g.dq);
+  p.dk_stride = strides_of(g.dk);
+  p.dv_stride = strides_of(g.dv);
+  p.dq_accum = static_cast<float*>(dq_accum.data_ptr());
+  p.delta = static_cast<float*>(delta.data_ptr());
+  p.lse_log2 = lse_log2 ? static_cast<float*>(lse_log2->data_ptr()) : nullptr;
+  p.seqlen_q_rounded = static_cast<int>(rounded);
+  p.head_dim_rounded = kernels.head_dim;
+  p.workspace_head_rows = packed ? head_rows : 0;
 
   const cudaStream_t stream = current_stream(q);
-  const Kernels kernels = forward_kernels(arch, s.head_dim, op);
   cudaError_t err;
   if (kernels.family == Family::kSm90) {
-    // Causal tiles differ in length: CTAs take the next one from a counter as they finish.
-    std::optional<Tensor> tile_counter;
-    if (causal) {
-      tile_counter = torch::stable::new_zeros(q, {1}, ScalarType::Int);
-      p.tile_counter = static_cast<int*>(tile_counter->data_ptr());
-    }
-    err = dispatch<Family::kSm90, Direction::kForward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
-      return sm90::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+    err = dispatch<Family::kSm90, Direction::kBackward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
+      return sm90::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
     });
   } else {
-    err = dispatch<Family::kSm80, Direction::kForward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
-      return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+    err = dispatch<Family::kSm80, Direction::kBackward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
+      return sm80::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
     });
   }
   if (err != cudaSuccess) raise_launch_error(err, q, op);
-  return {o.out, o.lse};
 }
 
 std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Tensor& q_in,
@@ -267,54 +380,38 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
   check_grid_limits(s, op);
   FA_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
 
-  const Tensor q = aligned_for_kernels(q_in);
-  const Tensor k = aligned_for_kernels(k_in);
-  const Tensor v = aligned_for_kernels(v_in);
-  const Tensor out = aligned_for_kernels(out_in);
-  const Tensor dout = aligned_for_kernels(dout_in);
-  const Tensor lse = lse_in.stride(2) == 1 ? lse_in : contiguous_copy(lse_in);
-
-  // fp32 workspaces: dQ accumulated by every key tile, delta = rowsum(dO ∘ O) and (Hopper family)
-  // lse in log2 units; rows padded so that every query tile lies inside them, dQ's columns as wide
-  // as the kernel's head dim.
-  const Kernels kernels = backward_kernels(arch, s.head_dim, op);
-  const int64_t rows = (s.seqlen_q + kBackwardRowPadding - 1) / kBackwardRowPadding * kBackwardRowPadding;
-  const Tensor dq_accum = torch::stable::new_empty(q, {s.batch, s.heads_q, rows, int64_t(kernels.head_dim)},
-                                                    ScalarType::Float);
-  const Tensor delta = torch::stable::new_empty(q, {s.batch, s.heads_q, rows}, ScalarType::Float);
-  std::optional<Tensor> lse_log2;
-  if (kernels.family == Family::kSm90) {
-    lse_log2 = torch::stable::new_empty(q, {s.batch, s.heads_q, rows}, ScalarType::Float);
-  }
-
   BackwardParams p;
-  fill_forward_params(p, q, k, v, out, lse, s, scale);
-  p.dout = dout.data_ptr();
-  p.dout_stride = strides_of(dout);
-  p.dq = g.dq.data_ptr();
-  p.dk = g.dk.data_ptr();
-  p.dv = g.dv.data_ptr();
-  p.dq_stride = strides_of(g.dq);
-  p.dk_stride = strides_of(g.dk);
-  p.dv_stride = strides_of(g.dv);
-  p.dq_accum = static_cast<float*>(dq_accum.data_ptr());
-  p.delta = static_cast<float*>(delta.data_ptr());
-  p.lse_log2 = lse_log2 ? static_cast<float*>(lse_log2->data_ptr()) : nullptr;
-  p.seqlen_q_rounded = static_cast<int>(rows);
-  p.head_dim_rounded = kernels.head_dim;
+  run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, 0, scale,
+                       backward_kernels(arch, s.head_dim, op), causal, op);
+  return {g.dq, g.dk, g.dv};
+}
 
-  const cudaStream_t stream = current_stream(q);
-  cudaError_t err;
-  if (kernels.family == Family::kSm90) {
-    err = dispatch<Family::kSm90, Direction::kBackward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
-      return sm90::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
-    });
-  } else {
-    err = dispatch<Family::kSm80, Direction::kBackward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
-      return sm80::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
-    });
-  }
-  if (err != cudaSuccess) raise_launch_error(err, q, op);
+std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, const Tensor& q_in,
+                                                        const Tensor& k_in, const Tensor& v_in,
+                                                        const Tensor& out_in, const Tensor& lse_in,
+                                                        const Tensor& cu_seqlens_q_in, const Tensor& cu_seqlens_k_in,
+                                                        int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                                        std::optional<double> softmax_scale, bool causal) {
+  constexpr const char* op = "fa.backward_varlen";
+  const VarlenShape s = check_varlen_backward_inputs(dout_in, q_in, k_in, v_in, out_in, lse_in, cu_seqlens_q_in,
+                                                     cu_seqlens_k_in, max_seqlen_q, max_seqlen_k);
+  const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
+  const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
+  const std::string arch = check_device(q_in, op);
+  Gradients g = allocate_varlen_gradients(q_in, k_in, v_in);
+  if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
+  check_grid_limits(s, op);
+  FA_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
+
+  const Tensor cu_seqlens_q = dense_offsets(cu_seqlens_q_in);
+  const Tensor cu_seqlens_k = dense_offsets(cu_seqlens_k_in);
+  BackwardParams p;
+  p.cu_seqlens_q = static_cast<const int*>(cu_seqlens_q.data_ptr());
+  p.cu_seqlens_k = static_cast<const int*>(cu_seqlens_k.data_ptr());
+  p.total_q = static_cast<int>(s.total_q);
+  p.total_k = static_cast<int>(s.total_k);
+  run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, s.total_q, scale,
+                       backward_kernels(arch, s.head_dim, op), causal, op);
   return {g.dq, g.dk, g.dv};
 }
 
@@ -324,4 +421,6 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
 STABLE_TORCH_LIBRARY_IMPL(fa, CUDA, m) {
   m.impl("forward", TORCH_BOX(&fa::torch_binding::forward_cuda));
   m.impl("backward", TORCH_BOX(&fa::torch_binding::backward_cuda));
+  m.impl("forward_varlen", TORCH_BOX(&fa::torch_binding::forward_varlen_cuda));
+  m.impl("backward_varlen", TORCH_BOX(&fa::torch_binding::backward_varlen_cuda));
 }

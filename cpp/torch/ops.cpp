@@ -22,6 +22,17 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda_not_built(Tensor, Tensor, Tenso
                                                            std::optional<double>, bool) {
   cuda_not_built("fa.backward");
 }
+
+std::tuple<Tensor, Tensor> forward_varlen_cuda_not_built(Tensor, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t,
+                                                         std::optional<double>, bool) {
+  cuda_not_built("fa.forward_varlen");
+}
+
+std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda_not_built(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                                  Tensor, Tensor, int64_t, int64_t,
+                                                                  std::optional<double>, bool) {
+  cuda_not_built("fa.backward_varlen");
+}
 #endif
 
 }  // namespace
@@ -34,16 +45,28 @@ STABLE_TORCH_LIBRARY(fa, m) {
   m.def(
       "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse,"
       " float? softmax_scale=None, bool causal=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def(
+      "forward_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,"
+      " int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, bool causal=False)"
+      " -> (Tensor out, Tensor softmax_lse)");
+  m.def(
+      "backward_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse,"
+      " Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,"
+      " float? softmax_scale=None, bool causal=False) -> (Tensor dq, Tensor dk, Tensor dv)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fa, CPU, m) {
   m.impl("forward", TORCH_BOX(&fa::torch_binding::forward_cpu));
   m.impl("backward", TORCH_BOX(&fa::torch_binding::backward_cpu));
+  m.impl("forward_varlen", TORCH_BOX(&fa::torch_binding::forward_varlen_cpu));
+  m.impl("backward_varlen", TORCH_BOX(&fa::torch_binding::backward_varlen_cpu));
 }
 
 #ifndef FA_WITH_CUDA
 STABLE_TORCH_LIBRARY_IMPL(fa, CUDA, m) {
   m.impl("forward", TORCH_BOX(&fa::torch_binding::forward_cuda_not_built));
   m.impl("backward", TORCH_BOX(&fa::torch_binding::backward_cuda_not_built));
+  m.impl("forward_varlen", TORCH_BOX(&fa::torch_binding::forward_varlen_cuda_not_built));
+  m.impl("backward_varlen", TORCH_BOX(&fa::torch_binding::backward_varlen_cuda_not_built));
 }
 #endif

@@ -28,6 +28,16 @@ Gradients allocate_gradients(const Tensor& q, const Tensor& k, const Tensor& v) 
   return {empty_like_attention(q), empty_like_attention(k), empty_like_attention(v)};
 }
 
+ForwardOutputs allocate_varlen_outputs(const Tensor& q, const VarlenShape& s) {
+  return {torch::stable::new_empty(q, q.sizes()),
+          torch::stable::new_empty(q, {s.heads_q, s.total_q}, ScalarType::Float)};
+}
+
+Gradients allocate_varlen_gradients(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return {torch::stable::new_empty(q, q.sizes()), torch::stable::new_empty(k, k.sizes()),
+          torch::stable::new_empty(v, v.sizes())};
+}
+
 Tensor contiguous_copy(const Tensor& t) {
   Tensor copy = torch::stable::new_empty(t, t.sizes());
   torch::stable::copy_(copy, t);

@@ -18,6 +18,11 @@ struct Gradients {
 ForwardOutputs allocate_forward_outputs(const Tensor& q, const AttentionShape& s);
 Gradients allocate_gradients(const Tensor& q, const Tensor& k, const Tensor& v);
 
+// Variable-length batches: out (total_q, Hq, D) and the gradients contiguous whatever the inputs'
+// strides (a slice of a packed (total, 3, H, D) projection gives dense outputs), lse (Hq, total_q).
+ForwardOutputs allocate_varlen_outputs(const Tensor& q, const VarlenShape& s);
+Gradients allocate_varlen_gradients(const Tensor& q, const Tensor& k, const Tensor& v);
+
 // A dense copy of t, contiguous in (B, H, S, D) order.
 Tensor contiguous_copy(const Tensor& t);
 

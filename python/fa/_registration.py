@@ -38,6 +38,38 @@ def _backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=F
     return empty_like_attention(q), empty_like_attention(k), empty_like_attention(v)
 
 
+def _check_varlen_shapes(op: str, q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
+    torch._check(
+        q.dim() == 3 and k.dim() == 3 and v.dim() == 3,
+        lambda: f"{op}: q, k and v must be 3-D (total, heads, head_dim)",
+    )
+    torch._check(
+        q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype and v.dtype == q.dtype,
+        lambda: f"{op}: q, k and v must all be float16 or all bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}",
+    )
+    torch._check(k.shape == v.shape, lambda: f"{op}: k and v must have the same shape")
+    torch._check(k.size(2) == q.size(2), lambda: f"{op}: k and v must have q's head_dim")
+    torch._check(
+        cu_seqlens_q.dtype == torch.int32 and cu_seqlens_k.dtype == torch.int32,
+        lambda: f"{op}: cu_seqlens_q and cu_seqlens_k must be int32",
+    )
+
+
+@torch.library.register_fake("fa::forward_varlen")
+def _forward_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         softmax_scale=None, causal=False):
+    _check_varlen_shapes("fa.forward_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k)
+    return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=torch.float32)
+
+
+@torch.library.register_fake("fa::backward_varlen")
+def _backward_varlen_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                          max_seqlen_k, softmax_scale=None, causal=False):
+    _check_varlen_shapes("fa.backward_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k)
+    torch._check(dout.shape == q.shape, lambda: "fa.backward_varlen: dout must have q's shape")
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, softmax_scale, causal = inputs
     out, lse = output
@@ -57,3 +89,26 @@ def _backward(ctx, grad_out, grad_lse):
 
 
 torch.library.register_autograd("fa::forward", _backward, setup_context=_setup_context)
+
+
+def _setup_varlen_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
+    ctx.softmax_scale = softmax_scale
+    ctx.causal = causal
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    if grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()
+    dq, dk, dv = torch.ops.fa.backward_varlen(
+        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, ctx.softmax_scale, ctx.causal
+    )
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+torch.library.register_autograd("fa::forward_varlen", _varlen_backward, setup_context=_setup_varlen_context)

@@ -39,3 +39,47 @@ def attention(
     """
     out, lse = torch.ops.fa.forward(q, k, v, scale, causal)
     return (out, lse) if return_lse else out
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    scale: Optional[float] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Exact attention over a batch of sequences of different lengths, packed without padding;
+    differentiable. flash-attn's ``flash_attn_varlen_func`` convention.
+
+    Args:
+        q: ``(total_q, Hq, D)``: the queries of all sequences, one after another.
+        k, v: ``(total_k, Hk, D)``, q's dtype and device, ``Hq % Hk == 0`` (GQA as in
+            :func:`attention`). The last dimension must have stride 1; other strides are free, so a
+            slice ``qkv[:, 0]`` of a packed ``(total, 3, H, D)`` projection is used without a copy.
+        cu_seqlens_q, cu_seqlens_k: int32 ``(B + 1,)`` on q's device: 0, then the end of each
+            sequence's rows (non-decreasing; zero-length sequences are allowed). Sequence ``b``'s
+            queries (rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``) see only its own keys.
+        max_seqlen_q, max_seqlen_k: at least the longest sequence's length. They size the launch
+            grid, so the call never synchronises with the GPU to read the offsets.
+        causal: bottom-right aligned within each sequence, as in :func:`attention`.
+        scale: the softmax scale; ``1 / sqrt(D)`` when None.
+        return_lse: also return the log-sum-exp of each row, ``(Hq, total_q)`` float32.
+
+    On CUDA the values of ``cu_seqlens_*`` are not checked (that would synchronise): offsets that
+    break the rules above, or lengths above ``max_seqlen_*``, give wrong results or memory faults.
+    Rows of q past ``cu_seqlens_q[-1]`` belong to no sequence and are left unwritten on CUDA. The
+    CPU implementation checks the offsets and raises on a violation.
+
+    Returns:
+        ``out`` ``(total_q, Hq, D)`` (contiguous), or ``(out, lse)``.
+    """
+    out, lse = torch.ops.fa.forward_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal
+    )
+    return (out, lse) if return_lse else out

@@ -41,9 +41,19 @@ struct ForwardParams {
   float scale = 0.f;       // applied to Q Kᵀ
   float scale_log2 = 0.f;  // scale · log2(e), so that exp(x · scale) == exp2(x · scale_log2)
 
-  // The Hopper family's causal forward hands out work tiles from this counter (one int, zeroed by
-  // the caller before each launch); other kernels ignore it.
+  // The Hopper family's causal or varlen forward hands out work tiles from this counter (one int,
+  // zeroed by the caller before each launch); other kernels ignore it.
   int* tile_counter = nullptr;
+
+  // Variable-length batches (fa.forward_varlen), else null. Sequence b's queries are rows
+  // [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of packed (total_q, H, D) tensors (batch strides 0, row
+  // strides the packed tensors'), its keys likewise through cu_seqlens_k; lse is (Hq, total_q).
+  // seqlen_q and seqlen_k are then the maxima over the batch and only size the grid.
+  // common/sequence.h turns these into one batch entry's rows.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  int total_q = 0;  // varlen: rows of the packed q (and out); the Hopper family's TMA spans them
+  int total_k = 0;  // varlen: rows of the packed k and v
 };
 
 // Gradients of the forward above. The forward's pointers are read again (out as dO's partner).
@@ -54,14 +64,21 @@ struct BackwardParams : ForwardParams {
   void* dv = nullptr;
   Strides dout_stride, dq_stride, dk_stride, dv_stride;
 
-  // Workspaces, float32 and owned by the caller, written by the pre-pass.
-  float* dq_accum = nullptr;   // (B, Hq, seqlen_q_rounded, head_dim_rounded), zeroed by the pre-pass
-  float* delta = nullptr;      // (B, Hq, seqlen_q_rounded): rowsum(dO ∘ O)
-  // Hopper family only (else null): (B, Hq, seqlen_q_rounded), lse · log2(e) with +inf for a row
-  // that sees no key or lies past seqlen_q, so that exp2(s · scale_log2 - lse_log2) is P (0 there).
+  // Workspaces, float32 and owned by the caller, written by the pre-pass. Their rows: those of
+  // each (batch, query head) padded to a multiple of kBackwardRowPadding (fa/kernels.h), at
+  // workspace_rows (below); dQ's rows hold head_dim_rounded floats.
+  float* dq_accum = nullptr;   // zeroed by the pre-pass
+  float* delta = nullptr;      // rowsum(dO ∘ O)
+  // Hopper family only (else null): lse · log2(e) with +inf for a row that sees no key or lies
+  // past seqlen_q, so that exp2(s · scale_log2 - lse_log2) is P (0 there).
   float* lse_log2 = nullptr;
-  int seqlen_q_rounded = 0;
+  int seqlen_q_rounded = 0;   // seqlen_q (the maximum, for varlen) rounded up to the padding
   int head_dim_rounded = 0;
+  // Varlen only: the workspaces are (Hq, workspace_head_rows), workspace_head_rows =
+  // total_q + B · kBackwardRowPadding rounded up to the padding, each sequence at its own padded
+  // offset (common/sequence.h).
+  // Otherwise they are (B, Hq, seqlen_q_rounded).
+  int64_t workspace_head_rows = 0;
 };
 
 }  // namespace fa
