@@ -247,6 +247,22 @@ void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kerne
   if (err != cudaSuccess) raise_launch_error(err, q, op);
 }
 
+// The forward of q, k, v (of shape s) into o on the current device: the inputs made fit for the
+// kernels, the params (`extra` adds what a packed batch needs), the kernels of the family chosen.
+template <class Extra>
+void forward_into(ForwardOutputs& o, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                  const AttentionShape& s, float scale, bool causal, const std::string& arch, const char* op,
+                  Extra&& extra) {
+  check_grid_limits(s, op);
+  const Tensor q = aligned_for_kernels(q_in);
+  const Tensor k = aligned_for_kernels(k_in);
+  const Tensor v = aligned_for_kernels(v_in);
+  ForwardParams p;
+  fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
+  extra(p);
+  run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, op), causal, op);
+}
+
 std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                         std::optional<double> softmax_scale, bool causal) {
   constexpr const char* op = "fa.forward";
@@ -256,14 +272,7 @@ std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, 
   const std::string arch = check_device(q_in, op);
   ForwardOutputs o = allocate_forward_outputs(q_in, s);
   if (finish_trivial_forward(s, o)) return {o.out, o.lse};
-  check_grid_limits(s, op);
-
-  const Tensor q = aligned_for_kernels(q_in);
-  const Tensor k = aligned_for_kernels(k_in);
-  const Tensor v = aligned_for_kernels(v_in);
-  ForwardParams p;
-  fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
-  run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, op), causal, op);
+  forward_into(o, q_in, k_in, v_in, s, scale, causal, arch, op, [](ForwardParams&) {});
   return {o.out, o.lse};
 }
 
@@ -279,20 +288,14 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor&
   const std::string arch = check_device(q_in, op);
   ForwardOutputs o = allocate_varlen_outputs(q_in, s);
   if (finish_trivial_forward(s, o)) return {o.out, o.lse};
-  check_grid_limits(s, op);
-
-  const Tensor q = aligned_for_kernels(q_in);
-  const Tensor k = aligned_for_kernels(k_in);
-  const Tensor v = aligned_for_kernels(v_in);
   const Tensor cu_seqlens_q = dense_offsets(cu_seqlens_q_in);
   const Tensor cu_seqlens_k = dense_offsets(cu_seqlens_k_in);
-  ForwardParams p;
-  fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
-  p.cu_seqlens_q = static_cast<const int*>(cu_seqlens_q.data_ptr());
-  p.cu_seqlens_k = static_cast<const int*>(cu_seqlens_k.data_ptr());
-  p.total_q = static_cast<int>(s.total_q);
-  p.total_k = static_cast<int>(s.total_k);
-  run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, op), causal, op);
+  forward_into(o, q_in, k_in, v_in, s, scale, causal, arch, op, [&](ForwardParams& p) {
+    p.cu_seqlens_q = static_cast<const int*>(cu_seqlens_q.data_ptr());
+    p.cu_seqlens_k = static_cast<const int*>(cu_seqlens_k.data_ptr());
+    p.total_q = static_cast<int>(s.total_q);
+    p.total_k = static_cast<int>(s.total_k);
+  });
   return {o.out, o.lse};
 }
 

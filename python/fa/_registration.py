@@ -9,18 +9,22 @@ import torch
 from ._layout import empty_like_attention
 
 
-def _check_shapes(op: str, q, k, v) -> None:
+def _check_shapes(op: str, q, k, v, packed: bool = False) -> None:
+    """The checks the fake kernels can make: ranks, dtypes, and the shapes q, k, v must share.
+    packed: a variable-length batch, (total, heads, head_dim)."""
+    rank, dims = (3, "(total, heads, head_dim)") if packed else (4, "(batch, heads, seqlen, head_dim)")
     torch._check(
-        q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
-        lambda: f"{op}: q, k and v must be 4-D (batch, heads, seqlen, head_dim)",
+        q.dim() == rank and k.dim() == rank and v.dim() == rank,
+        lambda: f"{op}: q, k and v must be {rank}-D {dims}",
     )
     torch._check(
         q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype and v.dtype == q.dtype,
         lambda: f"{op}: q, k and v must all be float16 or all bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}",
     )
     torch._check(k.shape == v.shape, lambda: f"{op}: k and v must have the same shape")
-    torch._check(k.size(0) == q.size(0), lambda: f"{op}: k and v must have q's batch size")
-    torch._check(k.size(3) == q.size(3), lambda: f"{op}: k and v must have q's head_dim")
+    if not packed:
+        torch._check(k.size(0) == q.size(0), lambda: f"{op}: k and v must have q's batch size")
+    torch._check(k.size(-1) == q.size(-1), lambda: f"{op}: k and v must have q's head_dim")
 
 
 @torch.library.register_fake("fa::forward")
@@ -39,16 +43,7 @@ def _backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=F
 
 
 def _check_varlen_shapes(op: str, q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
-    torch._check(
-        q.dim() == 3 and k.dim() == 3 and v.dim() == 3,
-        lambda: f"{op}: q, k and v must be 3-D (total, heads, head_dim)",
-    )
-    torch._check(
-        q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype and v.dtype == q.dtype,
-        lambda: f"{op}: q, k and v must all be float16 or all bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}",
-    )
-    torch._check(k.shape == v.shape, lambda: f"{op}: k and v must have the same shape")
-    torch._check(k.size(2) == q.size(2), lambda: f"{op}: k and v must have q's head_dim")
+    _check_shapes(op, q, k, v, packed=True)
     torch._check(
         cu_seqlens_q.dtype == torch.int32 and cu_seqlens_k.dtype == torch.int32,
         lambda: f"{op}: cu_seqlens_q and cu_seqlens_k must be int32",
