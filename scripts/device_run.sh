@@ -11,6 +11,10 @@
 #
 #   --peer NAME  put .carry/NAME on PYTHONPATH instead of .carry/fa3 (fa3-serving: FA3's varlen and
 #                KV-cache build, for bench.py --suite varlen)
+#   --ab "A B"   an A/B of two builds on one machine: for each of .carry/A/fa-*.whl and
+#                .carry/B/fa-*.whl (wheels built elsewhere, e.g. of two commits), install it and run
+#                the --bench arguments, in the order A B A B (tables in ab.md); nothing is built
+#                here (the first wheel is installed for the other steps)
 #   --install    pip install --no-build-isolation . (the users' path; the default); nvidia-cutlass
 #                comes from .whl/
 #   --wheel      pip install the wheel in .carry/wheels/ (built elsewhere with `pip wheel`, e.g. on a
@@ -27,7 +31,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/fa-out}
 mkdir -p "$OUT"
-mode=install install_args="" tests="" bench="" sanitize=0 sass=0 sweep="" profile="" gdb="" peer=fa3
+mode=install install_args="" tests="" bench="" sanitize=0 sass=0 sweep="" profile="" gdb="" peer=fa3 ab=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheel) mode=wheel ;;
@@ -41,6 +45,7 @@ while [ $# -gt 0 ]; do
     --profile) profile="$2"; shift ;;
     --gdb) gdb="$2"; shift ;;
     --peer) peer="$2"; shift ;;
+    --ab) ab="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -58,6 +63,11 @@ step environment
 # nvidia-cutlass from .whl/: the build needs it, and so do the tests that compile kernel code on
 # the host (test_smem_layouts) in either mode.
 python3 -m pip install -q --no-index --no-deps .whl/nvidia_cutlass-*.whl > "$OUT/install.log" 2>&1
+wheels=.carry/wheels
+if [ -n "$ab" ]; then  # no build here: the A/B's first wheel serves the steps before the A/B
+  mode=wheel
+  wheels=.carry/$(echo "$ab" | awk '{print $1}')
+fi
 if [ "$mode" = install ]; then
   step "pip install (nvidia-cutlass from .whl/, then fa)"
   # shellcheck disable=SC2086
@@ -65,8 +75,8 @@ if [ "$mode" = install ]; then
     >> "$OUT/install.log" 2>&1 || { echo "install failed"; tail -50 "$OUT/install.log"; exit 1; }
   grep -E "build wall|fa:" "$OUT/install.log"
 else
-  step "pip install $(ls .carry/wheels/fa-*.whl)"
-  python3 -m pip install --no-deps --force-reinstall .carry/wheels/fa-*.whl >> "$OUT/install.log" 2>&1 \
+  step "pip install $(ls "$wheels"/fa-*.whl)"
+  python3 -m pip install --no-deps --force-reinstall "$wheels"/fa-*.whl >> "$OUT/install.log" 2>&1 \
     || { echo "install failed"; tail -20 "$OUT/install.log"; exit 1; }
 fi
 python3 -c "import fa, json; print(json.dumps(fa.build_info(), indent=1))" 2>&1 | tee "$OUT/build_info.json"
@@ -133,6 +143,21 @@ if [ "$sanitize" = 1 ]; then
     rc=$?; tail -3 "$OUT/sanitizer_$tool.log"; echo "$tool exit $rc"
     [ "$rc" = 0 ] || status=1
   done
+fi
+
+if [ -n "$ab" ]; then
+  read -ra builds <<< "$ab"
+  for round in 1 2; do
+    for b in "${builds[@]}"; do
+      step "A/B: .carry/$b, round $round: benchmark ${bench}"
+      python3 -m pip install -q --no-index --no-deps --force-reinstall .carry/"$b"/fa-*.whl >> "$OUT/install.log" 2>&1 \
+        || { echo "install of .carry/$b failed"; status=1; continue; }
+      # shellcheck disable=SC2086
+      python3 benchmarks/bench.py --out "$OUT" --name "ab_${b}_${round}" ${bench} 2>> "$OUT/bench.stderr" \
+        | grep -E "^\| " | tee -a "$OUT/ab.md"
+    done
+  done
+  bench=skip  # the A/B was the benchmark
 fi
 
 if [ "$bench" != skip ]; then
