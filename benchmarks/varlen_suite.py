@@ -98,7 +98,7 @@ def run_varlen_suite(dtypes: Sequence[str], causal_values, modes, impls: Optiona
                 for impl in impls:
                     row = {"dtype": dtype_name, "causal": causal, "mode": mode, "impl": impl,
                            "sequences": len(lengths), "tokens": sum(lengths), "ms": None, "tflops": None, "note": ""}
-                    try:
+                    with bench.noted_failure(lambda note: row.update(note=note)):
                         if impl == "fa-dense":
                             case = bench.Case(*DENSE_SHAPE, causal, mode, dtype_name)
                             inputs = bench.make_inputs(case, requires_grad=needs_grad)
@@ -110,11 +110,6 @@ def run_varlen_suite(dtypes: Sequence[str], causal_values, modes, impls: Optiona
                             row["ms"], _, outputs[impl] = bench.run_case(bench.Case(1, 1, 1, 1, causal, mode, dtype_name),
                                                                          impl, fn, (q, k, v))
                             row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
-                    except ImportError as err:
-                        row["note"] = f"not importable: {err}"
-                    except (RuntimeError, TypeError, torch.cuda.OutOfMemoryError) as err:
-                        row["note"] = f"unavailable: {str(err).splitlines()[0][:80]}"
-                        torch.cuda.empty_cache()
                     case_rows.append(row)
                 ref_name = next((r for r in ("sdpa-nested", "fa3-varlen") if r in outputs), None)
                 if "fa-varlen" in outputs and ref_name is not None:

@@ -88,6 +88,19 @@ def test_varlen_suite_batch_and_flops():
     assert "64 sequences" in varlen_suite.describe(lengths)
 
 
+def test_suites_note_what_cannot_run(tmp_path):
+    notes = []
+    with bench.noted_failure(notes.append):
+        raise ImportError("no module named flash_attn_interface")
+    with bench.noted_failure(notes.append):
+        raise RuntimeError("no kernel for this\nsecond line")
+    assert notes == ["not importable: no module named flash_attn_interface", "unavailable: no kernel for this"]
+    args = bench.parse_args(["--suite", "varlen", "--out", str(tmp_path), "--name", "run"])
+    assert bench.finish_run(args, "default", {"results": []}, []) == 0
+    assert json.loads((tmp_path / "run.json").read_text()) == {"results": []}
+    assert bench.finish_run(args, "default", {}, ["fa differs"]) == 1
+
+
 def test_mismatch_check_catches_a_wrong_kernel():
     case = bench.Case(1, 1, 8, 8, False, "fwd")
     good = torch.randn(64)

@@ -76,6 +76,15 @@ Strides strides_of(const Tensor& t) {
 // cu_seqlens as the kernels index it: one int32 after another.
 Tensor dense_offsets(const Tensor& t) { return t.size(0) <= 1 || t.stride(0) == 1 ? t : contiguous_copy(t); }
 
+// What a packed (varlen) batch adds to the params; cu_seqlens as dense_offsets gives them.
+void set_packed_batch(ForwardParams& p, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                      const VarlenShape& s) {
+  p.cu_seqlens_q = static_cast<const int*>(cu_seqlens_q.data_ptr());
+  p.cu_seqlens_k = static_cast<const int*>(cu_seqlens_k.data_ptr());
+  p.total_q = static_cast<int>(s.total_q);
+  p.total_k = static_cast<int>(s.total_k);
+}
+
 // The kernel families, and which one serves a forward call.
 enum class Family { kSm80, kSm90 };
 
@@ -248,18 +257,16 @@ void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kerne
 }
 
 // The forward of q, k, v (of shape s) into o on the current device: the inputs made fit for the
-// kernels, the params (`extra` adds what a packed batch needs), the kernels of the family chosen.
-template <class Extra>
-void forward_into(ForwardOutputs& o, const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                  const AttentionShape& s, float scale, bool causal, const std::string& arch, const char* op,
-                  Extra&& extra) {
+// kernels, the rest of p (the caller has set what a packed batch adds), the kernels of the family
+// chosen.
+void forward_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, const Tensor& k_in,
+                  const Tensor& v_in, const AttentionShape& s, float scale, bool causal, const std::string& arch,
+                  const char* op) {
   check_grid_limits(s, op);
   const Tensor q = aligned_for_kernels(q_in);
   const Tensor k = aligned_for_kernels(k_in);
   const Tensor v = aligned_for_kernels(v_in);
-  ForwardParams p;
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
-  extra(p);
   run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, op), causal, op);
 }
 
@@ -272,7 +279,8 @@ std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, 
   const std::string arch = check_device(q_in, op);
   ForwardOutputs o = allocate_forward_outputs(q_in, s);
   if (finish_trivial_forward(s, o)) return {o.out, o.lse};
-  forward_into(o, q_in, k_in, v_in, s, scale, causal, arch, op, [](ForwardParams&) {});
+  ForwardParams p;
+  forward_into(p, o, q_in, k_in, v_in, s, scale, causal, arch, op);
   return {o.out, o.lse};
 }
 
@@ -290,12 +298,9 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor&
   if (finish_trivial_forward(s, o)) return {o.out, o.lse};
   const Tensor cu_seqlens_q = dense_offsets(cu_seqlens_q_in);
   const Tensor cu_seqlens_k = dense_offsets(cu_seqlens_k_in);
-  forward_into(o, q_in, k_in, v_in, s, scale, causal, arch, op, [&](ForwardParams& p) {
-    p.cu_seqlens_q = static_cast<const int*>(cu_seqlens_q.data_ptr());
-    p.cu_seqlens_k = static_cast<const int*>(cu_seqlens_k.data_ptr());
-    p.total_q = static_cast<int>(s.total_q);
-    p.total_k = static_cast<int>(s.total_k);
-  });
+  ForwardParams p;
+  set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
+  forward_into(p, o, q_in, k_in, v_in, s, scale, causal, arch, op);
   return {o.out, o.lse};
 }
 
@@ -313,21 +318,24 @@ struct BackwardInputs {
         lse(lse_in.stride(lse_in.dim() - 1) == 1 ? lse_in : contiguous_copy(lse_in)) {}
 };
 
-// Fills p for the backward of `in` into g, allocates the fp32 workspaces (dQ accumulated by every
-// key tile, delta = rowsum(dO ∘ O) and, for the Hopper family, lse in log2 units; rows padded so
-// that every query tile lies inside them, dQ's columns as wide as the kernel's head dim), and
-// launches the kernels. The workspaces are (B, Hq, rows) or, for a packed batch, (Hq, rows) with
-// the sequences at their own padded offsets (common/sequence.h).
+// Fills the rest of p (the caller has set what a packed batch adds) for the backward of `in` into
+// g, allocates the fp32 workspaces (dQ accumulated by every key tile, delta = rowsum(dO ∘ O) and,
+// for the Hopper family, lse in log2 units; rows padded so that every query tile lies inside them,
+// dQ's columns as wide as the kernel's head dim), and launches the kernels. The workspaces are
+// (B, Hq, rows) or, for a packed batch, (Hq, rows) with the sequences at their own padded offsets
+// (common/sequence.h).
 void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gradients& g,
-                          const AttentionShape& s, int64_t total_q, float scale, const Kernels& kernels,
-                          bool causal, const char* op) {
+                          const AttentionShape& s, float scale, const Kernels& kernels, bool causal,
+                          const char* op) {
+  check_grid_limits(s, op);
+  FA_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
   const Tensor& q = in.q;
-  const bool packed = q.dim() == 3;
+  const bool packed = p.cu_seqlens_q != nullptr;
   const int64_t rounded = (s.seqlen_q + kBackwardRowPadding - 1) / kBackwardRowPadding * kBackwardRowPadding;
   // Varlen: each head's rows a multiple of the padding too, so that every tile's rows start
   // 16-byte aligned (the Hopper family loads them with bulk copies).
   const int64_t head_rows =
-      (total_q + (s.batch + 1) * kBackwardRowPadding - 1) / kBackwardRowPadding * kBackwardRowPadding;
+      (p.total_q + (s.batch + 1) * kBackwardRowPadding - 1) / kBackwardRowPadding * kBackwardRowPadding;
   std::vector<int64_t> rows_shape = packed ? std::vector<int64_t>{s.heads_q, head_rows}
                                            : std::vector<int64_t>{s.batch, s.heads_q, rounded};
   std::vector<int64_t> dq_shape = rows_shape;
@@ -380,11 +388,9 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
   const std::string arch = check_device(q_in, op);
   Gradients g = allocate_gradients(q_in, k_in, v_in);
   if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
-  check_grid_limits(s, op);
-  FA_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
 
   BackwardParams p;
-  run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, 0, scale,
+  run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
                        backward_kernels(arch, s.head_dim, op), causal, op);
   return {g.dq, g.dk, g.dv};
 }
@@ -403,17 +409,12 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, c
   const std::string arch = check_device(q_in, op);
   Gradients g = allocate_varlen_gradients(q_in, k_in, v_in);
   if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
-  check_grid_limits(s, op);
-  FA_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
 
   const Tensor cu_seqlens_q = dense_offsets(cu_seqlens_q_in);
   const Tensor cu_seqlens_k = dense_offsets(cu_seqlens_k_in);
   BackwardParams p;
-  p.cu_seqlens_q = static_cast<const int*>(cu_seqlens_q.data_ptr());
-  p.cu_seqlens_k = static_cast<const int*>(cu_seqlens_k.data_ptr());
-  p.total_q = static_cast<int>(s.total_q);
-  p.total_k = static_cast<int>(s.total_k);
-  run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, s.total_q, scale,
+  set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
+  run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
                        backward_kernels(arch, s.head_dim, op), causal, op);
   return {g.dq, g.dk, g.dv};
 }
