@@ -13,8 +13,10 @@
 #                KV-cache build, for bench.py --suite varlen)
 #   --ab "A B"   an A/B of two builds on one machine: for each of .carry/A/fa-*.whl and
 #                .carry/B/fa-*.whl (wheels built elsewhere, e.g. of two commits), install it and run
-#                the --bench arguments, in the order A B A B (tables in ab.md); nothing is built
-#                here (the first wheel is installed for the other steps)
+#                the --ab-bench arguments, in the order A B A B (tables in ab.md), after every other
+#                step. Without --wheel or --install nothing is built here: the first wheel serves
+#                the other steps (and --bench is the A/B's benchmark unless --ab-bench is given)
+#   --ab-bench "…" bench.py arguments of the A/B
 #   --install    pip install --no-build-isolation . (the users' path; the default); nvidia-cutlass
 #                comes from .whl/
 #   --wheel      pip install the wheel in .carry/wheels/ (built elsewhere with `pip wheel`, e.g. on a
@@ -23,6 +25,8 @@
 #   --tests "…"  pytest arguments (default: the whole suite); "skip" to skip
 #   --bench "…"  benchmarks/bench.py arguments (default: the default suite); "skip" to skip
 #   --sanitize   compute-sanitizer memcheck, racecheck and synccheck on a small odd-length case
+#   --sanitize-parts "…"  which parts of benchmarks/sanitize_case.py (dense varlen kvcache; default all)
+#   --sanitize-tools "…"  which tools (default: memcheck racecheck synccheck)
 #   --sass       dump the SASS of the fa library and count matrix instructions and spills
 #   --sweep "…"  run benchmarks/tile_sweep.cu on each "B H S causal [D]" case (';'-separated): the
 #                binary staged as .carry/tile_sweep if there is one (built without a GPU), else built here
@@ -31,7 +35,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/fa-out}
 mkdir -p "$OUT"
-mode=install install_args="" tests="" bench="" sanitize=0 sass=0 sweep="" profile="" gdb="" peer=fa3 ab=""
+mode="" install_args="" tests="" bench="" sanitize=0 sass=0 sweep="" profile="" gdb="" peer=fa3 ab="" ab_bench=""
+sanitize_parts="" sanitize_tools="memcheck racecheck synccheck"
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheel) mode=wheel ;;
@@ -46,6 +51,9 @@ while [ $# -gt 0 ]; do
     --gdb) gdb="$2"; shift ;;
     --peer) peer="$2"; shift ;;
     --ab) ab="$2"; shift ;;
+    --ab-bench) ab_bench="$2"; shift ;;
+    --sanitize-parts) sanitize=1; sanitize_parts="$2"; shift ;;
+    --sanitize-tools) sanitize=1; sanitize_tools="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -64,10 +72,13 @@ step environment
 # the host (test_smem_layouts) in either mode.
 python3 -m pip install -q --no-index --no-deps .whl/nvidia_cutlass-*.whl > "$OUT/install.log" 2>&1
 wheels=.carry/wheels
-if [ -n "$ab" ]; then  # no build here: the A/B's first wheel serves the steps before the A/B
+if [ -n "$ab" ] && [ -z "$mode" ]; then  # no build here: the A/B's first wheel serves the other steps
   mode=wheel
   wheels=.carry/$(echo "$ab" | awk '{print $1}')
+  [ -z "$ab_bench" ] && { ab_bench="$bench"; bench=skip; }
 fi
+mode=${mode:-install}
+[ -n "$ab" ] && [ -z "$ab_bench" ] && ab_bench="$bench"
 if [ "$mode" = install ]; then
   step "pip install (nvidia-cutlass from .whl/, then fa)"
   # shellcheck disable=SC2086
@@ -136,35 +147,35 @@ if [ "$tests" != skip ]; then
 fi
 
 if [ "$sanitize" = 1 ]; then
-  for tool in memcheck racecheck synccheck; do
-    step "compute-sanitizer $tool"
-    compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/sanitize_case.py \
+  for tool in $sanitize_tools; do
+    step "compute-sanitizer $tool ${sanitize_parts}"
+    # shellcheck disable=SC2086
+    compute-sanitizer --tool "$tool" --error-exitcode 3 python3 benchmarks/sanitize_case.py ${sanitize_parts} \
       > "$OUT/sanitizer_$tool.log" 2>&1
     rc=$?; tail -3 "$OUT/sanitizer_$tool.log"; echo "$tool exit $rc"
     [ "$rc" = 0 ] || status=1
   done
 fi
 
-if [ -n "$ab" ]; then
-  read -ra builds <<< "$ab"
-  for round in 1 2; do
-    for b in "${builds[@]}"; do
-      step "A/B: .carry/$b, round $round: benchmark ${bench}"
-      python3 -m pip install -q --no-index --no-deps --force-reinstall .carry/"$b"/fa-*.whl >> "$OUT/install.log" 2>&1 \
-        || { echo "install of .carry/$b failed"; status=1; continue; }
-      # shellcheck disable=SC2086
-      python3 benchmarks/bench.py --out "$OUT" --name "ab_${b}_${round}" ${bench} 2>> "$OUT/bench.stderr" \
-        | grep -E "^\| " | tee -a "$OUT/ab.md"
-    done
-  done
-  bench=skip  # the A/B was the benchmark
-fi
 
 if [ "$bench" != skip ]; then
   step "benchmark ${bench}"
   # shellcheck disable=SC2086
   python3 benchmarks/bench.py --out "$OUT" --name bench ${bench} 2> "$OUT/bench.stderr" | tee "$OUT/bench.md"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [ -n "$ab" ]; then
+  read -ra builds <<< "$ab"
+  for round in 1 2; do
+    for b in "${builds[@]}"; do
+      step "A/B: .carry/$b, round $round: benchmark ${ab_bench}"
+      python3 -m pip install -q --no-index --no-deps --force-reinstall .carry/"$b"/fa-*.whl >> "$OUT/install.log" 2>&1 \
+        || { echo "install of .carry/$b failed"; status=1; continue; }
+      # shellcheck disable=SC2086
+      python3 benchmarks/bench.py --out "$OUT" --name "ab_${b}_${round}" ${ab_bench} 2>> "$OUT/bench.stderr" \
+        | grep -E "^\| " | tee -a "$OUT/ab.md"
+    done
+  done
 fi
 if [ -n "$profile" ]; then
   IFS=';' read -ra runs <<< "$profile"
