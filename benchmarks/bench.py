@@ -4,6 +4,7 @@
     python benchmarks/bench.py --shapes 4,64,8192,128 --mode bwd --impl fa,cudnn,flash
     python benchmarks/bench.py --sweep --plot       # TFLOP/s against sequence length, PNG
     python benchmarks/bench.py --suite varlen       # packed sequences of mixed lengths (varlen_suite.py)
+    python benchmarks/bench.py --suite decode       # decoding against a KV cache (decode_suite.py)
 
 Each implementation is timed with CUDA events (triton.testing.do_bench, median of warmed-up
 repeats). TFLOP/s counts 4·B·H·Sq·Sk·D for the forward (two matmuls of 2·Sq·Sk·D each), halved
@@ -413,8 +414,9 @@ def parse_shapes(text: str) -> List[Tuple[int, int, int, int]]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", choices=["shapes", "varlen"], default="shapes",
-                   help="shapes: rectangular batches (--shapes, --sweep); varlen: benchmarks/varlen_suite.py")
+    p.add_argument("--suite", choices=["shapes", "varlen", "decode"], default="shapes",
+                   help="shapes: rectangular batches (--shapes, --sweep); varlen: benchmarks/varlen_suite.py; "
+                        "decode: benchmarks/decode_suite.py")
     p.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES, help="'B,H,S,D;B,H,S,D'")
     p.add_argument("--dtype", default="float16,bfloat16", help="comma-separated: float16,bfloat16")
     p.add_argument("--causal", choices=["0", "1", "both"], default="both")
@@ -427,9 +429,12 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: a timestamp)")
     args = p.parse_args(argv)
+    from decode_suite import DECODE_IMPLS
     from varlen_suite import VARLEN_IMPLS
 
-    known, default = (VARLEN_IMPLS, VARLEN_IMPLS) if args.suite == "varlen" else (ALL_IMPLS, DEFAULT_IMPLS)
+    known = default = {"varlen": VARLEN_IMPLS, "decode": DECODE_IMPLS}.get(args.suite)
+    if known is None:
+        known, default = ALL_IMPLS, DEFAULT_IMPLS
     args.impl = [i for i in (args.impl or ",".join(default)).split(",") if i]
     unknown = set(args.impl) - set(known)
     if unknown:
@@ -498,6 +503,8 @@ def main(argv=None) -> int:
     meta = environment()
     if args.suite == "varlen":
         return main_varlen(args, meta)
+    if args.suite == "decode":
+        return main_decode(args, meta)
     cases = build_cases(args)
     print(f"# {meta.get('gpu')}, torch {meta['torch']}, cuDNN {meta.get('cudnn')}, fa {meta.get('fa')} "
           f"({meta.get('fa_kernel_family')}), commit {meta.get('commit')}", flush=True)
@@ -538,6 +545,18 @@ def main_varlen(args, meta) -> int:
           "backward; 'vs fa dense': against fa.attention on the rectangular shape in the same run.")
     return finish_run(args, time.strftime("varlen-%Y%m%d-%H%M%S"),
                       {"meta": meta, "lengths": lengths, "results": rows}, mismatches)
+
+
+def main_decode(args, meta) -> int:
+    import decode_suite
+
+    print(f"# {meta.get('gpu')}, torch {meta['torch']}, fa {meta.get('fa')}, commit {meta.get('commit')}", flush=True)
+    rows, mismatches, bandwidth = decode_suite.run_decode_suite(args.dtypes, args.impl)
+    print(decode_suite.decode_table(rows, bandwidth))
+    print("\nK+V GB/s = the bytes of the cache's keys and values the call reads / time; 'of copy': that over the "
+          "copy bandwidth above.")
+    return finish_run(args, time.strftime("decode-%Y%m%d-%H%M%S"),
+                      {"meta": meta, "copy_bytes_per_s": bandwidth, "results": rows}, mismatches)
 
 
 if __name__ == "__main__":

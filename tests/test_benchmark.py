@@ -12,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench  # noqa: E402
 import profile_ncu as fa_profile  # noqa: E402
+import decode_suite  # noqa: E402
 import varlen_suite  # noqa: E402
 
 
@@ -99,6 +100,16 @@ def test_suites_note_what_cannot_run(tmp_path):
     assert bench.finish_run(args, "default", {"results": []}, []) == 0
     assert json.loads((tmp_path / "run.json").read_text()) == {"results": []}
     assert bench.finish_run(args, "default", {}, ["fa differs"]) == 1
+
+
+def test_decode_suite_rows_and_bytes():
+    # The rows, and the bytes each must read: K and V of every kv head's cached keys.
+    labels = [c.label() for c in decode_suite.DECODE_CASES]
+    assert labels[0] == "B1 Hq32 Hk8 Sq1 D128 131072 keys, contiguous"
+    assert any("paged 16" in x for x in labels) and any("paged 256" in x for x in labels)
+    assert decode_suite.DECODE_CASES[0].kv_bytes(2) == 2 * 1 * 8 * 131072 * 128 * 2
+    args = bench.parse_args(["--suite", "decode"])
+    assert args.impl == decode_suite.DECODE_IMPLS
 
 
 def test_mismatch_check_catches_a_wrong_kernel():

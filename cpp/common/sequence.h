@@ -28,6 +28,7 @@ struct Sequence {
     if (p.cu_seqlens_q == nullptr) {
       s.seqlen_q = p.seqlen_q;
       s.seqlen_k = p.seqlen_k;
+      if (p.seqused_k != nullptr) s.seqlen_k = p.seqused_k[batch];  // a KV cache's filled part
     } else {
       s.q_begin = p.cu_seqlens_q[batch];
       s.k_begin = p.cu_seqlens_k[batch];

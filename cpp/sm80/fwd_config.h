@@ -77,10 +77,10 @@ struct ForwardConfig {
   static constexpr int kThreads = kWarps * 32;
   // Shared-memory buffers of each of K and V. One: a tile's load overlaps one GEMM of the step
   // before, and a step has two barriers. Two: tile n-1 loads while all of step n runs, and a step
-  // has one barrier.
+  // has one barrier. Three (the KV-cache tile): tiles n-1 and n-2 are in flight during step n.
   static constexpr int kStages = kStages_;
   static_assert(kHeadDim % 32 == 0 && kBlockM % (16 * kWarps) == 0 && kBlockN % 16 == 0);
-  static_assert(kStages == 1 || kStages == 2);
+  static_assert(kStages >= 1 && kStages <= 4);
 
   // The warps stack along M: each owns 16 rows of every 16·kWarps-row slab of the query tile and
   // all of its keys, so a row's softmax never leaves its warp.

@@ -26,7 +26,11 @@
 //   wait K[n], V[n]; __syncthreads    visible to all; every warp is done with step n+1's buffer
 //   issue K[n-1], V[n-1]              into that buffer; they land while all of this step runs
 //   S = Q K[n]ᵀ; mask; online softmax; O += P V[n]
-// one barrier a step. The output is staged through Q's shared memory (after a barrier that every
+// one barrier a step. With three (kStages = 3, the KV-cache tile), tile n in buffer n % 3:
+//   wait K[n], V[n] (K[n-1], V[n-1] may still fly); __syncthreads
+//   issue K[n-2], V[n-2]              into step n+1's buffer; they land during two steps
+//   S = Q K[n]ᵀ; mask; online softmax; O += P V[n]
+// one commit group a tile (empty past the last), so the wait counts stay exact. The output is staged through Q's shared memory (after a barrier that every
 // warp reaches once its last S = Q Kᵀ is done) and stored with 16-byte writes.
 #pragma once
 
@@ -42,7 +46,10 @@
 
 namespace fa::sm80 {
 
-template <class Config, bool kCausal>
+// kDecode: the KV-cache variant (fa.forward_kvcache): keys through a page table when
+// params.page_table is set, and split-KV (params.num_splits > 1: this CTA walks one share of the
+// key tiles and writes fp32 partial results for common/split_kv.h to combine).
+template <class Config, bool kCausal, bool kDecode = false>
 __global__ void __launch_bounds__(Config::kThreads)
     forward_kernel(const __grid_constant__ ForwardParams params) {
   using namespace cute;
@@ -58,16 +65,49 @@ __global__ void __launch_bounds__(Config::kThreads)
   const int tid = threadIdx.x;
   // Causal tiles late in the sequence see the most keys: launch them first so they don't finish last.
   const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int head_kv = head / (params.heads_q / params.heads_kv);
+  const int group = params.heads_q / params.heads_kv;
+  // kDecode: a CTA serves one kv head, and its rows are the group's query heads × positions (packed
+  // row R: head head_kv · group + R / seqlen_q, position R % seqlen_q), so the whole group shares
+  // each K/V tile load. Otherwise a CTA serves one query head's rows.
+  const int head = kDecode ? 0 : blockIdx.y;
+  const int head_kv = kDecode ? blockIdx.y : head / group;
+  const int batch = kDecode ? blockIdx.z / params.num_splits : blockIdx.z;
+  const int split = kDecode ? blockIdx.z % params.num_splits : 0;
   const int row_begin = m_block * kBlockM;
   const Sequence seq = Sequence::of(params, batch);
-  const int rows_left = seq.seqlen_q - row_begin;  // rows of this tile inside the query
+  // Rows of this tile inside the query (kDecode: inside the packed rows).
+  const int rows_left = (kDecode ? group * seq.seqlen_q : seq.seqlen_q) - row_begin;
   if (rows_left <= 0) return;  // varlen: the grid covers the longest sequence
+  auto head_of = [&](int r) { return head_kv * group + (row_begin + r) / seq.seqlen_q; };  // kDecode, row r of the tile
+  auto position_of = [&](int r) { return (row_begin + r) % seq.seqlen_q; };
 
   const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
-  const int n_tiles = mask.visible_tiles(min(row_begin + kBlockM, seq.seqlen_q), kBlockN);
+  // kDecode: a tile may hold every position, so it sees the keys the last one sees.
+  const int n_tiles = mask.visible_tiles(kDecode ? seq.seqlen_q : min(row_begin + kBlockM, seq.seqlen_q), kBlockN);
+  // This CTA's key tiles [tile_begin, tile_end): all of them, or its split's share.
+  int tile_begin = 0, tile_end = n_tiles;
+  if constexpr (kDecode) {
+    const int per_split = (n_tiles + params.num_splits - 1) / params.num_splits;
+    tile_begin = min(n_tiles, split * per_split);
+    tile_end = min(n_tiles, tile_begin + per_split);
+  }
+  const bool to_accum = kDecode && params.num_splits > 1;
+  // Split-KV: the row of the fp32 partial results of the tile's row r, (split, batch, head, position).
+  auto accum_row = [&](int r) {
+    return ((int64_t(split) * params.batch + batch) * params.heads_q + head_of(r)) * params.seqlen_q + position_of(r);
+  };
+  // kDecode: the global rows of the tile's row r in q and out, and its lse.
+  auto q_row = [&](int r) {
+    return static_cast<const Element*>(params.q) + batch * params.q_stride.batch + head_of(r) * params.q_stride.head +
+           int64_t(position_of(r)) * params.q_stride.row;
+  };
+  auto out_row = [&](int r) {
+    return static_cast<Element*>(params.out) + batch * params.out_stride.batch + head_of(r) * params.out_stride.head +
+           int64_t(position_of(r)) * params.out_stride.row;
+  };
+  auto lse_at = [&](int r) -> float& {
+    return params.lse[batch * params.lse_batch_stride + head_of(r) * params.lse_head_stride + position_of(r)];
+  };
 
   auto rows_of = [&](const void* base, int64_t offset, Strides s, int rows) {
     return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + offset),
@@ -96,13 +136,26 @@ __global__ void __launch_bounds__(Config::kThreads)
   Tensor tOcO = gmem_thr_o.partition_D(make_identity_tensor(QTile{}));
   const auto col_ok = column_predicates(tOcO, params.head_dim);
 
+  if (to_accum && tile_begin == tile_end) {  // no key tile in this split: partial output 0, lse -inf
+    for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) {
+      params.lse_accum[accum_row(r)] = -INFINITY;
+      float* out = params.out_accum + accum_row(r) * params.head_dim_accum;
+      for (int c = 0; c < params.head_dim; ++c) out[c] = 0.f;
+    }
+    return;
+  }
   if (n_tiles == 0) {  // no row of this tile sees a key: output 0, lse -inf
     Tensor zeros = make_tensor<Element>(shape(tOcO));
     clear(zeros);
-    store_tile_predicated(gmem_copy_o, zeros, gmem_thr_o.partition_D(output_tile()), tOcO, col_ok,
-                          rows_left);
-    float* lse = lse_rows();
-    for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) lse[r] = -INFINITY;
+    if constexpr (kDecode) {
+      store_rows_predicated(gmem_copy_o, zeros, out_row, tOcO, col_ok, rows_left);
+      for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) lse_at(r) = -INFINITY;
+    } else {
+      store_tile_predicated(gmem_copy_o, zeros, gmem_thr_o.partition_D(output_tile()), tOcO, col_ok,
+                            rows_left);
+      float* lse = lse_rows();
+      for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) lse[r] = -INFINITY;
+    }
     return;
   }
 
@@ -152,39 +205,71 @@ __global__ void __launch_bounds__(Config::kThreads)
   auto smem_thr_v = smem_copy_v.get_thread_slice(tid);
 
   // The copies' views of each buffer, by buffer index (a compile-time constant).
-  Tensor tKsK0 = gmem_thr.partition_D(sK_at(_0{}));
-  Tensor tKsK1 = gmem_thr.partition_D(sK_at(Int<kStages - 1>{}));
-  Tensor tVsV0 = gmem_thr.partition_D(sV_at(_0{}));
-  Tensor tVsV1 = gmem_thr.partition_D(sV_at(Int<kStages - 1>{}));
-  Tensor tSsK0 = smem_thr_k.partition_S(sK_at(_0{}));
-  Tensor tSsK1 = smem_thr_k.partition_S(sK_at(Int<kStages - 1>{}));
-  Tensor tOsVt0 = smem_thr_v.partition_S(sVt_at(_0{}));
-  Tensor tOsVt1 = smem_thr_v.partition_S(sVt_at(Int<kStages - 1>{}));
-  auto pick = [](auto stage, auto& x0, auto& x1) -> auto& {
-    if constexpr (decltype(stage)::value == 0) return x0; else return x1;
+  Tensor tKsK = gmem_thr.partition_D(sK_at(_0{}));  // buffer 0's; buffer b's lies kKVElems · b further
+  Tensor tVsV = gmem_thr.partition_D(sV_at(_0{}));
+  Tensor tSsK = smem_thr_k.partition_S(sK_at(_0{}));
+  Tensor tOsVt = smem_thr_v.partition_S(sVt_at(_0{}));
+  // A view of buffer `stage` (a compile-time constant: an immediate offset). The offset is a whole
+  // number of swizzle periods, so the swizzled layout holds in every buffer.
+  auto pick = [](auto stage, auto const& buffer0) {
+    return make_tensor(buffer0.data() + decltype(stage)::value * kKVElems, buffer0.layout());
   };
-  // Tile n's K (or V) into its buffer; only the last tile (loaded first) can be partial.
-  auto load_tile = [&](auto const& tXgX, auto& tXsX, int n, auto check_rows) {
+  // Tile n's K (or V) into its buffer; only the last tile (loaded first) can be partial. A paged
+  // cache's rows are gathered through the page table, row by row.
+  auto load_tile = [&](auto const& tXgX, auto&& tXsX, int n, auto check_rows) {
+    if constexpr (kDecode) {
+      if (params.page_table != nullptr) {
+        const bool is_k = &tXgX == &tKgK;  // which of the two tensors; resolved where it is inlined
+        const Strides& s = is_k ? params.k_stride : params.v_stride;
+        const Element* base = static_cast<const Element*>(is_k ? params.k : params.v) + head_kv * s.head;
+        const int* pages = params.page_table + batch * params.page_table_stride;
+        copy_rows_zero_fill(gmem_copy, [&](int row) {
+          const int key = n * kBlockN + row;
+          return base + int64_t(pages[key / params.page_size]) * s.batch + int64_t(key % params.page_size) * s.row;
+        }, tXsX, tKVcKV, col_ok, seq.seqlen_k - n * kBlockN);
+        return;
+      }
+    }
     copy_tile_zero_fill<decltype(check_rows)::value>(gmem_copy, tXgX(_, _, _, n), tXsX,
                                                      tKVcKV, col_ok, seq.seqlen_k - n * kBlockN);
   };
 
   // Calls fn with the buffer of key tile n (n % kStages) as a compile-time constant.
   auto in_buffer_of = [](int n, auto&& fn) {
-    if (kStages == 2 && (n & 1)) {
-      fn(Int<kStages - 1>{});
-    } else {
+    if constexpr (kStages == 1) {
       fn(_0{});
+    } else {
+      const int buffer = n % kStages;
+      if (kStages > 3 && buffer == 3) fn(Int<(kStages > 3 ? 3 : 0)>{});
+      else if (kStages > 2 && buffer == 2) fn(Int<(kStages > 2 ? 2 : 0)>{});
+      else if (buffer == 1) fn(_1{});
+      else fn(_0{});
     }
   };
 
-  int n = n_tiles - 1;
-  copy_tile_zero_fill<true>(gmem_copy, tQgQ, tQsQ, tQcQ, col_ok, rows_left);
+  int n = tile_end - 1;
+  if constexpr (kDecode) {
+    copy_rows_zero_fill(gmem_copy, q_row, tQsQ, tQcQ, col_ok, rows_left);
+  } else {
+    copy_tile_zero_fill<true>(gmem_copy, tQgQ, tQsQ, tQcQ, col_ok, rows_left);
+  }
   in_buffer_of(n, [&](auto stage) {
-    load_tile(tKgK, pick(stage, tKsK0, tKsK1), n, true_type{});
-    if constexpr (kStages == 2) load_tile(tVgV, pick(stage, tVsV0, tVsV1), n, true_type{});
+    load_tile(tKgK, pick(stage, tKsK), n, true_type{});
+    if constexpr (kStages >= 2) load_tile(tVgV, pick(stage, tVsV), n, true_type{});
   });
   cp_async_fence();
+  if constexpr (kStages >= 3) {  // and tiles n-1 … n-(kStages-2): kStages-1 tiles in flight from here on
+    CUTE_UNROLL
+    for (int ahead = 1; ahead <= kStages - 2; ++ahead) {
+      if (n - ahead >= tile_begin) {
+        in_buffer_of(n - ahead, [&](auto stage) {
+          load_tile(tKgK, pick(stage, tKsK), n - ahead, false_type{});
+          load_tile(tVgV, pick(stage, tVsV), n - ahead, false_type{});
+        });
+      }
+      cp_async_fence();  // one commit group per tile, empty or not, so that step n can wait for its own
+    }
+  }
 
   OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
 
@@ -193,28 +278,46 @@ __global__ void __launch_bounds__(Config::kThreads)
     constexpr bool kMasked = decltype(masked)::value;
     Tensor acc_s = partition_fragment_C(mma, STile{});
     clear(acc_s);
-    cp_async_wait<0>();
+    if constexpr (kStages >= 3) {
+      cp_async_wait<kStages - 2>();  // tile n; tiles n-1 … n-(kStages-2) may still be in flight
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
     if constexpr (kStages == 1) {
-      load_tile(tVgV, pick(stage, tVsV0, tVsV1), n, masked);  // lands while S = Q K[n]ᵀ runs
+      load_tile(tVgV, pick(stage, tVsV), n, masked);  // lands while S = Q K[n]ᵀ runs
       cp_async_fence();
-    } else if (n > 0) {  // tile n-1 lands while this whole step runs
+    } else if constexpr (kStages >= 3) {  // tile n-(kStages-1), into tile n+1's buffer
+      if (n - (kStages - 1) >= tile_begin) {
+        using Next = Int<(decltype(stage)::value + 1) % kStages>;
+        load_tile(tKgK, pick(Next{}, tKsK), n - (kStages - 1), false_type{});
+        load_tile(tVgV, pick(Next{}, tVsV), n - (kStages - 1), false_type{});
+      }
+      cp_async_fence();
+    } else if (n > tile_begin) {  // tile n-1 lands while this whole step runs
       constexpr int kNext = 1 - decltype(stage)::value;
-      load_tile(tKgK, pick(Int<kNext>{}, tKsK0, tKsK1), n - 1, false_type{});
-      load_tile(tVgV, pick(Int<kNext>{}, tVsV0, tVsV1), n - 1, false_type{});
+      load_tile(tKgK, pick(Int<kNext>{}, tKsK), n - 1, false_type{});
+      load_tile(tVgV, pick(Int<kNext>{}, tVsV), n - 1, false_type{});
       cp_async_fence();
     }
 
     gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q,
-                   tSrK, smem_thr_k.retile_D(tSrK), pick(stage, tSsK0, tSsK1), smem_copy_k, mma);
-    if constexpr (kMasked) mask.apply(acc_s, tScS, row_begin, n * kBlockN);
+                   tSrK, smem_thr_k.retile_D(tSrK), pick(stage, tSsK), smem_copy_k, mma);
+    if constexpr (kMasked && kDecode) {  // packed rows: each row's position, not its index
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        if (mask.hides(position_of(get<0>(tScS(i))), n * kBlockN + get<1>(tScS(i)))) acc_s(i) = -INFINITY;
+      }
+    } else if constexpr (kMasked) {
+      mask.apply(acc_s, tScS, row_begin, n * kBlockN);
+    }
 
     if constexpr (kStages == 1) {
       cp_async_wait<0>();
       __syncthreads();
-      if (n > 0) {
+      if (n > tile_begin) {
         // lands while the softmax and O += P V run
-        load_tile(tKgK, pick(stage, tKsK0, tKsK1), n - 1, false_type{});
+        load_tile(tKgK, pick(stage, tKsK), n - 1, false_type{});
         cp_async_fence();
       }
     }
@@ -225,15 +328,16 @@ __global__ void __launch_bounds__(Config::kThreads)
 
     Tensor probs = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));
-    gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), pick(stage, tOsVt0, tOsVt1),
+    gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), pick(stage, tOsVt),
                    smem_copy_v, mma);
   };
 
-  const int first_masked = mask.first_masked_tile(row_begin, kBlockN);
-  for (; n >= first_masked; --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
-  for (; n >= 0; --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage); });
+  // kDecode: the tile may hold position 0, which sees the fewest keys.
+  const int first_masked = mask.first_masked_tile(kDecode ? 0 : row_begin, kBlockN);
+  for (; n >= max(first_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
+  for (; n >= tile_begin; --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage); });
   // With one barrier a step, another warp may still be reading Q in the last step's S = Q Kᵀ.
-  if constexpr (kStages == 2) __syncthreads();
+  if constexpr (kStages >= 2) __syncthreads();
 
   // Epilogue: normalise, write lse, stage O through shared memory, store it with 16-byte writes.
   constexpr int kRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
@@ -242,12 +346,35 @@ __global__ void __launch_bounds__(Config::kThreads)
   softmax.finalize(out_rows, params.scale, row_lse);
 
   Tensor acc_coords = rowcol_view(thr_mma.partition_C(make_identity_tensor(QTile{})));
-  if (get<1>(acc_coords(0, 0)) == 0) {  // the lane holding column 0 of its rows
-    float* lse = lse_rows();
+  if (to_accum) {  // split-KV: this split's normalised output and lse, in fp32
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = get<0>(acc_coords(r, 0));
-      if (row < rows_left) lse[row] = row_lse[r];
+      if (row >= rows_left) continue;
+      if (get<1>(acc_coords(r, 0)) == 0) params.lse_accum[accum_row(row)] = row_lse[r];
+      float* out = params.out_accum + accum_row(row) * params.head_dim_accum;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(out_rows); ++c) {
+        const int col = get<1>(acc_coords(r, c));
+        if (col < params.head_dim) out[col] = out_rows(r, c);
+      }
+    }
+    return;
+  }
+  if (get<1>(acc_coords(0, 0)) == 0) {  // the lane holding column 0 of its rows
+    if constexpr (kDecode) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = get<0>(acc_coords(r, 0));
+        if (row < rows_left) lse_at(row) = row_lse[r];
+      }
+    } else {
+      float* lse = lse_rows();
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = get<0>(acc_coords(r, 0));
+        if (row < rows_left) lse[row] = row_lse[r];
+      }
     }
   }
 
@@ -260,8 +387,12 @@ __global__ void __launch_bounds__(Config::kThreads)
 
   Tensor tOrO = make_tensor<Element>(shape(tOcO));
   copy(gmem_copy_o, gmem_thr_o.partition_S(sO), tOrO);
-  store_tile_predicated(gmem_copy_o, tOrO, gmem_thr_o.partition_D(output_tile()), tOcO, col_ok,
-                        rows_left);
+  if constexpr (kDecode) {
+    store_rows_predicated(gmem_copy_o, tOrO, out_row, tOcO, col_ok, rows_left);
+  } else {
+    store_tile_predicated(gmem_copy_o, tOrO, gmem_thr_o.partition_D(output_tile()), tOcO, col_ok,
+                          rows_left);
+  }
 }
 
 }  // namespace fa::sm80

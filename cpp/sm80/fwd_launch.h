@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/element.h"
+#include "common/split_kv.h"
 #include "fa/kernels.h"
 #include "sm80/fwd_config.h"
 #include "sm80/fwd_kernel.h"
@@ -28,20 +29,41 @@ template <> struct ForwardTile<96>  { static constexpr int kBlockM = 128, kBlock
 template <> struct ForwardTile<128> { static constexpr int kBlockM = 128, kBlockN = 32, kWarps = 4, kStages = 2; };
 template <> struct ForwardTile<256> { static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8, kStages = 1; };
 
+// The KV-cache (decode) tile: few query rows (a group's heads × a few positions), so 16 rows a warp
+// (a tile of 128 would double the matrix and exp work per key byte for rows that do not exist), and
+// 64-key tiles three deep, two in flight while one is used. Measured on the H100 against 64 × 4
+// deep, 128 × 3 and 128 × 2 (benchmarks/NOTES.md, KV-cache v2): the best or level on every decode
+// row. At D = 256 two buffers of 32 keys (three would leave one CTA an SM).
+template <int kHeadDim>
+struct DecodeTile {
+  static constexpr int kBlockM = kDecodeBlockM, kWarps = 4;
+  static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
+  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+};
+
 // Launches one forward configuration: the grid, and the shared-memory opt-in above 48 KB.
-template <class Config, bool kCausal>
+// kDecode: the KV-cache variant (a grid of batch · num_splits along z; split-KV's combine pass).
+template <class Config, bool kCausal, bool kDecode = false>
 cudaError_t launch_forward(const ForwardParams& params, cudaStream_t stream) {
-  auto kernel = &forward_kernel<Config, kCausal>;
+  auto kernel = &forward_kernel<Config, kCausal, kDecode>;
   constexpr int kSmem = Config::kSmemBytes;
   if constexpr (kSmem > 48 * 1024) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid((params.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, params.heads_q,
-                  params.batch);
+  // kDecode: a CTA per kv head, its rows the group's query heads × positions (fwd_kernel.h).
+  const int rows = kDecode ? params.seqlen_q * (params.heads_q / params.heads_kv) : params.seqlen_q;
+  const dim3 grid((rows + Config::kBlockM - 1) / Config::kBlockM, kDecode ? params.heads_kv : params.heads_q,
+                  params.batch * (kDecode ? params.num_splits : 1));
   kernel<<<grid, Config::kThreads, kSmem, stream>>>(params);
-  return cudaGetLastError();
+  cudaError_t err = cudaGetLastError();
+  if constexpr (kDecode) {
+    if (err == cudaSuccess && params.num_splits > 1) {
+      err = launch_combine_splits<typename Config::Element>(params, stream);
+    }
+  }
+  return err;
 }
 
 template <class Element, int kHeadDim>
@@ -51,7 +73,13 @@ using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTile<kHeadDim>:
 
 template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
-  return launch_forward<ForwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim>, kCausal>(params, stream);
+  using Element = cutlass_element_t<ElementTag>;
+  if (params.seqused_k != nullptr) {
+    using Tile = DecodeTile<kHeadDim>;
+    using Config = ForwardConfig<Element, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kWarps, Tile::kStages>;
+    return launch_forward<Config, kCausal, true>(params, stream);
+  }
+  return launch_forward<ForwardConfigFor<Element, kHeadDim>, kCausal>(params, stream);
 }
 
 }  // namespace fa::sm80

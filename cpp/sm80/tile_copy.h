@@ -33,6 +33,26 @@ CUTE_DEVICE void copy_tile_zero_fill(TiledCopy const& tiled_copy, Src const& src
   }
 }
 
+// The same as copy_tile_zero_fill (with row checks) for rows that do not lie at one stride from
+// each other (a paged KV cache): row_ptr(r) gives the address of row r of the tile (called only
+// for rows before rows_left); each 16-byte piece of a row is one cp.async from there.
+template <class TiledCopy, class RowPtr, class Dst, class Coords, class ColOk>
+CUTE_DEVICE void copy_rows_zero_fill(TiledCopy const& tiled_copy, RowPtr&& row_ptr, Dst&& dst,
+                                     Coords const& coords, ColOk const& col_ok, int rows_left) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(dst); ++m) {
+    const int row = get<0>(coords(0, m, 0));
+    const bool row_ok = row < rows_left;
+    const auto* src_row = row_ptr(row_ok ? row : 0);
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(dst); ++k) {
+      Tensor src = make_tensor(make_gmem_ptr(src_row + get<1>(coords(0, m, k))), make_layout(shape(dst(_, m, k))));
+      copy(tiled_copy.with(row_ok && col_ok(k)), src, dst(_, m, k));
+    }
+  }
+}
+
 // Stores a partitioned register tile to global memory, skipping rows at or past rows_left and
 // columns past the real head dim.
 template <class TiledCopy, class Src, class Dst, class Coords, class ColOk>
@@ -45,6 +65,26 @@ CUTE_DEVICE void store_tile_predicated(TiledCopy const& tiled_copy, Src const& s
       CUTE_UNROLL
       for (int k = 0; k < size<2>(dst); ++k) {
         if (col_ok(k)) copy(tiled_copy, src(_, m, k), dst(_, m, k));
+      }
+    }
+  }
+}
+
+// The same as store_tile_predicated for rows that do not lie at one stride from each other (the
+// decode kernel's packed rows): row_ptr(r) gives the address of row r of the tile.
+template <class TiledCopy, class Src, class RowPtr, class Coords, class ColOk>
+CUTE_DEVICE void store_rows_predicated(TiledCopy const& tiled_copy, Src const& src, RowPtr&& row_ptr,
+                                       Coords const& coords, ColOk const& col_ok, int rows_left) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    const int row = get<0>(coords(0, m, 0));
+    if (row < rows_left) {
+      auto* dst_row = row_ptr(row);
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(src); ++k) {
+        Tensor dst = make_tensor(make_gmem_ptr(dst_row + get<1>(coords(0, m, k))), make_layout(shape(src(_, m, k))));
+        if (col_ok(k)) copy(tiled_copy, src(_, m, k), dst);
       }
     }
   }

@@ -158,6 +158,54 @@ VarlenShape check_varlen_inputs(const char* op, const Tensor& q, const Tensor& k
   return s;
 }
 
+KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                  const Tensor& cache_seqlens, const std::optional<Tensor>& page_table,
+                                  int64_t num_splits) {
+  constexpr const char* op = "fa.forward_kvcache";
+  check_attention_tensor(op, "q", q);
+  check_attention_tensor(op, "k_cache", k_cache);
+  check_attention_tensor(op, "v_cache", v_cache);
+  FA_CHECK(k_cache.sizes().equals(v_cache.sizes()), op, ": k_cache and v_cache must have the same shape, got ",
+           shape_of(k_cache), " and ", shape_of(v_cache));
+  KVCacheShape s;
+  s.batch = q.size(0);
+  s.heads_q = q.size(1);
+  s.seqlen_q = q.size(2);
+  s.head_dim = q.size(3);
+  const bool paged = page_table.has_value();
+  if (paged) {
+    const Tensor& pt = *page_table;
+    FA_CHECK(pt.scalar_type() == ScalarType::Int, op, ": page_table.dtype must be int32, got ",
+             dtype_name(pt.scalar_type()));
+    FA_CHECK(pt.dim() == 2 && pt.size(0) == s.batch, op, ": page_table must be (batch, max_pages) = (",
+             str_of(s.batch), ", max_pages), got shape ", shape_of(pt));
+    FA_CHECK(same_device(pt, q), op, ": page_table is on ", device_name(pt), " but q is on ", device_name(q));
+    s.page_size = k_cache.size(1);
+    s.max_pages = pt.size(1);
+    s.heads_kv = k_cache.size(2);
+    s.seqlen_k = s.max_pages * s.page_size;
+    FA_CHECK(s.page_size > 0 && s.page_size % kPageRows == 0, op,
+             ": with page_table, k_cache and v_cache are (num_pages, page_size, heads_kv, head_dim) with "
+             "page_size a multiple of ", str_of(kPageRows), ", got shape ", shape_of(k_cache));
+  } else {
+    FA_CHECK(k_cache.size(0) == s.batch, op, ": k_cache and v_cache must be (batch, heads_kv, capacity, ",
+             "head_dim) with q's batch size ", str_of(s.batch), " (or paged, with page_table), got shape ",
+             shape_of(k_cache));
+    s.heads_kv = k_cache.size(1);
+    s.seqlen_k = k_cache.size(2);
+  }
+  FA_CHECK(cache_seqlens.defined() && cache_seqlens.scalar_type() == ScalarType::Int, op,
+           ": cache_seqlens must be int32");
+  FA_CHECK(cache_seqlens.dim() == 1 && cache_seqlens.size(0) == s.batch, op, ": cache_seqlens must be (batch,) = (",
+           str_of(s.batch), ",), got shape ", shape_of(cache_seqlens));
+  FA_CHECK(same_device(cache_seqlens, q), op, ": cache_seqlens is on ", device_name(cache_seqlens),
+           " but q is on ", device_name(q));
+  FA_CHECK(num_splits >= 0 && num_splits <= kMaxSplits, op, ": num_splits must be in [0, ", str_of(kMaxSplits),
+           "] (0 chooses), got ", str_of(num_splits));
+  check_heads(op, q, k_cache, v_cache, s);
+  return s;
+}
+
 namespace {
 
 // dout and out: q's shape, dtype and device.

@@ -26,7 +26,15 @@ struct VarlenShape : AttentionShape {
   int64_t total_k = 0;  // rows of the packed k and v
 };
 
+// A KV-cache call: seqlen_k is the cache's capacity (S_cap, or max_pages · page_size).
+struct KVCacheShape : AttentionShape {
+  int64_t page_size = 0;  // 0: a contiguous cache
+  int64_t max_pages = 0;  // page_table's columns
+};
+
 inline constexpr int64_t kMaxHeadDim = 256;
+inline constexpr int64_t kPageRows = 16;    // page sizes are multiples of this
+inline constexpr int64_t kMaxSplits = 128;
 inline constexpr int64_t kHeadDimMultiple = 8;
 
 // q (B, Hq, Sq, D), k and v (B, Hk, Sk, D): fp16/bf16, one device, stride 1 in the last dim.
@@ -48,6 +56,13 @@ VarlenShape check_varlen_backward_inputs(const Tensor& dout, const Tensor& q, co
                                          const Tensor& v, const Tensor& out, const Tensor& softmax_lse,
                                          const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                          int64_t max_seqlen_q, int64_t max_seqlen_k);
+
+// fa.forward_kvcache: q (B, Hq, Sq, D); k_cache and v_cache (B, Hk, S_cap, D), or with page_table
+// (int32 (B, max_pages)) (num_pages, page_size, Hk, D); cache_seqlens int32 (B,); num_splits in
+// [0, kMaxSplits]. Index values are not read.
+KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                  const Tensor& cache_seqlens, const std::optional<Tensor>& page_table,
+                                  int64_t num_splits);
 
 // softmax_scale, or 1/sqrt(head_dim) when it is None.
 float resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim);

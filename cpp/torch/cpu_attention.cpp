@@ -38,11 +38,15 @@ void parallel_for(int64_t n, const Fn& fn) {
 
 // A tensor's elements by (batch entry, head, row), whatever its strides (the last one is 1): a
 // (B, H, S, D) tensor, or a packed (total, H, D) one (batch stride 0, rows indexed from each
-// sequence's start); lse likewise as (B, H, S) or (H, total).
+// sequence's start); lse likewise as (B, H, S) or (H, total); or a paged KV cache
+// (num_pages, page_size, H, D), row s of entry b in page pages[b · pages_stride + s / page_size].
 template <class T>
 struct Rows {
   T* data;
-  int64_t stride[3];
+  int64_t stride[3];  // paged: page, head, row within the page
+  const int32_t* pages = nullptr;
+  int64_t pages_stride = 0;
+  int64_t page_size = 0;
 
   static Rows attention(const Tensor& t, bool packed) {
     if (packed) return {static_cast<T*>(t.data_ptr()), {0, t.stride(1), t.stride(0)}};
@@ -52,7 +56,15 @@ struct Rows {
     if (packed) return {static_cast<T*>(t.data_ptr()), {0, t.stride(0), t.stride(1)}};
     return {static_cast<T*>(t.data_ptr()), {t.stride(0), t.stride(1), t.stride(2)}};
   }
+  static Rows paged(const Tensor& t, const Tensor& page_table) {
+    return {static_cast<T*>(t.data_ptr()), {t.stride(0), t.stride(2), t.stride(1)},
+            static_cast<const int32_t*>(page_table.data_ptr()), page_table.stride(0), t.size(1)};
+  }
   T* row(int64_t b, int64_t h, int64_t s) const {
+    if (pages != nullptr) {
+      const int64_t page = pages[b * pages_stride + s / page_size];
+      return data + page * stride[0] + h * stride[1] + (s % page_size) * stride[2];
+    }
     return data + b * stride[0] + h * stride[1] + s * stride[2];
   }
 };
@@ -108,6 +120,27 @@ class Batch {
     check_offsets(op, "k", cu_k_, stride_k_, s.total_k, s.seqlen_k);
   }
 
+  // A KV cache: entry b sees keys [0, cache_seqlens[b]) of its cache, contiguous or paged
+  // (page_table with stride 1 along its rows; cache_pages: k_cache's pages).
+  Batch(const char* op, const KVCacheShape& s, const Tensor& cache_seqlens, const std::optional<Tensor>& page_table,
+        int64_t cache_pages)
+      : shape_(s),
+        used_k_(static_cast<const int32_t*>(cache_seqlens.data_ptr())),
+        stride_k_(cache_seqlens.stride(0)),
+        page_table_(page_table) {
+    for (int64_t b = 0; b < s.batch; ++b) {
+      const int64_t used = used_k_[b * stride_k_];
+      FA_CHECK(used >= 0 && used <= s.seqlen_k, op, ": cache_seqlens[", str_of(b), "] = ", str_of(used),
+               " is outside [0, the cache's capacity ", str_of(s.seqlen_k), "]");
+      if (!page_table) continue;
+      const auto* pages = static_cast<const int32_t*>(page_table->data_ptr()) + b * page_table->stride(0);
+      for (int64_t p = 0; p < (used + s.page_size - 1) / s.page_size; ++p) {
+        FA_CHECK(pages[p] >= 0 && pages[p] < cache_pages, op, ": page_table[", str_of(b), ", ", str_of(p),
+                 "] = ", str_of(int64_t(pages[p])), " is not a page of k_cache (", str_of(cache_pages), " pages)");
+      }
+    }
+  }
+
   bool packed() const { return cu_q_ != nullptr; }
   int64_t size() const { return shape_.batch; }
   int64_t q_begin(int64_t b) const { return packed() ? cu_q_[b * stride_q_] : 0; }
@@ -119,8 +152,15 @@ class Batch {
     if (packed()) {
       s.seqlen_q = cu_q_[(b + 1) * stride_q_] - q_begin(b);
       s.seqlen_k = cu_k_[(b + 1) * stride_k_] - k_begin(b);
+    } else if (used_k_ != nullptr) {
+      s.seqlen_k = used_k_[b * stride_k_];
     }
     return s;
+  }
+  // K or V as the loops read them.
+  template <class T>
+  Rows<const T> kv_rows(const Tensor& t) const {
+    return page_table_ ? Rows<const T>::paged(t, *page_table_) : Rows<const T>::attention(t, packed());
   }
 
  private:
@@ -143,15 +183,16 @@ class Batch {
   AttentionShape shape_;
   const int32_t* cu_q_ = nullptr;
   const int32_t* cu_k_ = nullptr;
+  const int32_t* used_k_ = nullptr;  // a KV cache's cache_seqlens
   int64_t stride_q_ = 1, stride_k_ = 1;
+  std::optional<Tensor> page_table_;
 };
 
 template <class T>
 void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const ForwardOutputs& o,
                   const Batch& batch, float scale, bool causal) {
   const bool packed = batch.packed();
-  const auto q = Rows<const T>::attention(q_t, packed), k = Rows<const T>::attention(k_t, packed),
-             v = Rows<const T>::attention(v_t, packed);
+  const auto q = Rows<const T>::attention(q_t, packed), k = batch.kv_rows<T>(k_t), v = batch.kv_rows<T>(v_t);
   const auto out = Rows<T>::attention(o.out, packed);
   const auto lse = Rows<float>::lse(o.lse, packed);
 
@@ -317,6 +358,20 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(const Tensor& dout, const Tensor
   if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
   backward_any(dout, q, k, v, out, softmax_lse, g, Batch(s), scale, causal);
   return {g.dq, g.dk, g.dv};
+}
+
+std::tuple<Tensor, Tensor> forward_kvcache_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                               const Tensor& cache_seqlens, std::optional<Tensor> page_table,
+                                               std::optional<double> softmax_scale, bool causal, int64_t num_splits) {
+  constexpr const char* op = "fa.forward_kvcache";
+  const KVCacheShape s = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, page_table, num_splits);
+  const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
+  if (page_table && page_table->size(1) > 1 && page_table->stride(1) != 1) page_table = contiguous_copy(*page_table);
+  const Batch batch(op, s, cache_seqlens, page_table, page_table ? k_cache.size(0) : 0);
+  ForwardOutputs o = allocate_forward_outputs(q, s);
+  if (finish_trivial_forward(s, o)) return {o.out, o.lse};
+  forward_any(q, k_cache, v_cache, o, batch, scale, causal);  // num_splits: one pass on the CPU
+  return {o.out, o.lse};
 }
 
 std::tuple<Tensor, Tensor> forward_varlen_cpu(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -18,6 +18,11 @@ std::tuple<Tensor, Tensor, Tensor> backward_cpu(const Tensor& dout, const Tensor
                                                 const Tensor& softmax_lse,
                                                 std::optional<double> softmax_scale, bool causal);
 
+// The KV cache (fa::forward_kvcache). Here cache_seqlens and page_table are checked (in range).
+std::tuple<Tensor, Tensor> forward_kvcache_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                               const Tensor& cache_seqlens, std::optional<Tensor> page_table,
+                                               std::optional<double> softmax_scale, bool causal, int64_t num_splits);
+
 // Variable-length batches (fa::forward_varlen / fa::backward_varlen). Here, unlike on CUDA, the
 // values of cu_seqlens_q / cu_seqlens_k are checked (reading them costs nothing on the CPU).
 std::tuple<Tensor, Tensor> forward_varlen_cpu(const Tensor& q, const Tensor& k, const Tensor& v,

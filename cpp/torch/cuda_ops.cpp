@@ -2,6 +2,7 @@
 // kernel (family, dtype, head dim, causal) for the device, and the launch on the current stream.
 // Built into its own library (_C_cuda.so), the only one that imports from torch's CUDA library
 // (libtorch_cuda: the current stream), so the CPU library loads under any torch.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -304,6 +305,73 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor&
   return {o.out, o.lse};
 }
 
+// Split-KV's default for a KV-cache call: split only while the CTAs do not outnumber the SMs, at
+// most one split per 256 keys of the cache's capacity and kMaxSplits. Measured on the H100
+// (benchmarks/NOTES.md): one decode CTA an SM reads faster than two (B1, 8 kv heads, 131072 keys:
+// 87% of the copy bandwidth with 16 splits, 80% with 33, 77% with 17), and a second split where
+// the CTAs already fill the GPU costs 1-7%.
+int64_t default_splits(const KVCacheShape& s, const Tensor& q) {
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device_index()), "fa.forward_kvcache");
+  // A CTA per kv head and kDecodeBlockM rows of its group's queries (the decode kernel packs them).
+  const int64_t ctas = s.batch * s.heads_kv * ((s.group_size() * s.seqlen_q + kDecodeBlockM - 1) / kDecodeBlockM);
+  return std::max<int64_t>(1, std::min({sms / ctas, (s.seqlen_k + 255) / 256, kMaxSplits}));
+}
+
+std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                                const Tensor& cache_seqlens_in, std::optional<Tensor> page_table_in,
+                                                std::optional<double> softmax_scale, bool causal, int64_t num_splits) {
+  constexpr const char* op = "fa.forward_kvcache";
+  const KVCacheShape s = check_kvcache_inputs(q_in, k_in, v_in, cache_seqlens_in, page_table_in, num_splits);
+  const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
+  const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
+  check_device(q_in, op);
+  ForwardOutputs o = allocate_forward_outputs(q_in, s);
+  if (finish_trivial_forward(s, o)) return {o.out, o.lse};
+  check_grid_limits(s, op);
+
+  const Tensor q = aligned_for_kernels(q_in);
+  const Tensor k = aligned_for_kernels(k_in);
+  const Tensor v = aligned_for_kernels(v_in);
+  const Tensor cache_seqlens = dense_offsets(cache_seqlens_in);
+  std::optional<Tensor> page_table;
+  if (page_table_in) {
+    const Tensor& pt = *page_table_in;
+    page_table = pt.size(1) <= 1 || pt.stride(1) == 1 ? pt : contiguous_copy(pt);
+  }
+  const int64_t splits = num_splits > 0 ? num_splits : default_splits(s, q);
+  FA_CHECK(s.batch * splits <= kMaxGridYZ, op, ": batch · num_splits must be at most ", str_of(kMaxGridYZ),
+           ", got ", str_of(s.batch), " · ", str_of(splits));
+
+  ForwardParams p;
+  fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
+  p.seqused_k = static_cast<const int*>(cache_seqlens.data_ptr());
+  if (page_table) {
+    // (num_pages, page_size, Hk, D): the page stride in the batch slot, rows within a page.
+    p.k_stride = {k.stride(0), k.stride(2), k.stride(1)};
+    p.v_stride = {v.stride(0), v.stride(2), v.stride(1)};
+    p.page_table = static_cast<const int*>(page_table->data_ptr());
+    p.page_table_stride = page_table->stride(0);
+    p.page_size = static_cast<int>(s.page_size);
+  }
+  p.num_splits = static_cast<int>(splits);
+  std::optional<Tensor> out_accum, lse_accum;
+  if (splits > 1) {
+    out_accum = torch::stable::new_empty(q, {splits, s.batch, s.heads_q, s.seqlen_q, s.head_dim}, ScalarType::Float);
+    lse_accum = torch::stable::new_empty(q, {splits, s.batch, s.heads_q, s.seqlen_q}, ScalarType::Float);
+    p.out_accum = static_cast<float*>(out_accum->data_ptr());
+    p.lse_accum = static_cast<float*>(lse_accum->data_ptr());
+    p.head_dim_accum = static_cast<int>(s.head_dim);
+  }
+  // Decoding is bound by memory bandwidth: the Ampere family serves it on every GPU.
+  const cudaError_t err = dispatch<Family::kSm80, Direction::kForward>(
+      q.scalar_type(), kernel_head_dim(s.head_dim, op), causal, op, [&](auto tag, auto hd, auto c) {
+        return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, current_stream(q));
+      });
+  if (err != cudaSuccess) raise_launch_error(err, q, op);
+  return {o.out, o.lse};
+}
+
 // The backward's inputs, made fit for the kernels (16-byte aligned rows, lse rows contiguous).
 struct BackwardInputs {
   Tensor dout, q, k, v, out, lse;
@@ -426,5 +494,6 @@ STABLE_TORCH_LIBRARY_IMPL(fa, CUDA, m) {
   m.impl("forward", TORCH_BOX(&fa::torch_binding::forward_cuda));
   m.impl("backward", TORCH_BOX(&fa::torch_binding::backward_cuda));
   m.impl("forward_varlen", TORCH_BOX(&fa::torch_binding::forward_varlen_cuda));
+  m.impl("forward_kvcache", TORCH_BOX(&fa::torch_binding::forward_kvcache_cuda));
   m.impl("backward_varlen", TORCH_BOX(&fa::torch_binding::backward_varlen_cuda));
 }

@@ -28,6 +28,11 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda_not_built(Tensor, Tensor, Tensor,
   cuda_not_built("fa.forward_varlen");
 }
 
+std::tuple<Tensor, Tensor> forward_kvcache_cuda_not_built(Tensor, Tensor, Tensor, Tensor, std::optional<Tensor>,
+                                                          std::optional<double>, bool, int64_t) {
+  cuda_not_built("fa.forward_kvcache");
+}
+
 std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda_not_built(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                                                   Tensor, Tensor, int64_t, int64_t,
                                                                   std::optional<double>, bool) {
@@ -50,6 +55,10 @@ STABLE_TORCH_LIBRARY(fa, m) {
       " int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, bool causal=False)"
       " -> (Tensor out, Tensor softmax_lse)");
   m.def(
+      "forward_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens,"
+      " Tensor? page_table=None, float? softmax_scale=None, bool causal=True, int num_splits=0)"
+      " -> (Tensor out, Tensor softmax_lse)");
+  m.def(
       "backward_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse,"
       " Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,"
       " float? softmax_scale=None, bool causal=False) -> (Tensor dq, Tensor dk, Tensor dv)");
@@ -59,6 +68,7 @@ STABLE_TORCH_LIBRARY_IMPL(fa, CPU, m) {
   m.impl("forward", TORCH_BOX(&fa::torch_binding::forward_cpu));
   m.impl("backward", TORCH_BOX(&fa::torch_binding::backward_cpu));
   m.impl("forward_varlen", TORCH_BOX(&fa::torch_binding::forward_varlen_cpu));
+  m.impl("forward_kvcache", TORCH_BOX(&fa::torch_binding::forward_kvcache_cpu));
   m.impl("backward_varlen", TORCH_BOX(&fa::torch_binding::backward_varlen_cpu));
 }
 
@@ -67,6 +77,7 @@ STABLE_TORCH_LIBRARY_IMPL(fa, CUDA, m) {
   m.impl("forward", TORCH_BOX(&fa::torch_binding::forward_cuda_not_built));
   m.impl("backward", TORCH_BOX(&fa::torch_binding::backward_cuda_not_built));
   m.impl("forward_varlen", TORCH_BOX(&fa::torch_binding::forward_varlen_cuda_not_built));
+  m.impl("forward_kvcache", TORCH_BOX(&fa::torch_binding::forward_kvcache_cuda_not_built));
   m.impl("backward_varlen", TORCH_BOX(&fa::torch_binding::backward_varlen_cuda_not_built));
 }
 #endif

@@ -12,6 +12,6 @@ __version__ = "0.1.0"
 from . import _library  # noqa: F401  (loads the compiled ops)
 from . import _registration  # noqa: F401  (fake kernels and autograd)
 from ._info import build_info
-from .api import attention, attention_varlen
+from .api import attention, attention_kvcache, attention_varlen
 
-__all__ = ["attention", "attention_varlen", "build_info", "__version__"]
+__all__ = ["attention", "attention_kvcache", "attention_varlen", "build_info", "__version__"]

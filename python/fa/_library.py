@@ -47,5 +47,5 @@ if CUDA_LIBRARY_PATH is not None:
                 f"fa: this build's CUDA kernels cannot be used: {cuda_unavailable_reason}"
             )
 
-        for _op in ("forward", "backward", "forward_varlen", "backward_varlen"):
+        for _op in ("forward", "backward", "forward_varlen", "backward_varlen", "forward_kvcache"):
             torch.library.impl(f"fa::{_op}", "CUDA")(_cuda_unavailable)

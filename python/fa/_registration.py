@@ -65,6 +65,18 @@ def _backward_varlen_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seql
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+@torch.library.register_fake("fa::forward_kvcache")
+def _forward_kvcache_fake(q, k_cache, v_cache, cache_seqlens, page_table=None, softmax_scale=None, causal=True,
+                          num_splits=0):
+    torch._check(q.dim() == 4, lambda: "fa.forward_kvcache: q must be 4-D (batch, heads, seqlen, head_dim)")
+    torch._check(k_cache.dtype == q.dtype and v_cache.dtype == q.dtype,
+                 lambda: "fa.forward_kvcache: k_cache and v_cache must have q's dtype")
+    torch._check(cache_seqlens.dtype == torch.int32, lambda: "fa.forward_kvcache: cache_seqlens must be int32")
+    out = empty_like_attention(q)
+    lse = q.new_empty((q.size(0), q.size(1), q.size(2)), dtype=torch.float32)
+    return out, lse
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, softmax_scale, causal = inputs
     out, lse = output
@@ -107,3 +119,14 @@ def _varlen_backward(ctx, grad_out, grad_lse):
 
 
 torch.library.register_autograd("fa::forward_varlen", _varlen_backward, setup_context=_setup_varlen_context)
+
+
+def _kvcache_backward(ctx, grad_out, grad_lse):
+    raise RuntimeError(
+        "fa.forward_kvcache has no backward: it serves inference (decoding against a KV cache); "
+        "train with fa.attention or fa.attention_varlen"
+    )
+
+
+torch.library.register_autograd("fa::forward_kvcache", _kvcache_backward,
+                                setup_context=lambda ctx, inputs, output: None)

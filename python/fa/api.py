@@ -83,3 +83,44 @@ def attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal
     )
     return (out, lse) if return_lse else out
+
+
+def attention_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    page_table: Optional[torch.Tensor] = None,
+    *,
+    causal: bool = True,
+    scale: Optional[float] = None,
+    num_splits: int = 0,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Attention of new queries against a key/value cache, for decoding (inference only: asking
+    for gradients raises).
+
+    Args:
+        q: ``(B, Hq, Sq, D)`` as in :func:`attention` (Sq = 1 to decode one token, a few for
+            speculative decoding).
+        k_cache, v_cache: ``(B, Hk, S_cap, D)``, or with ``page_table`` ``(num_pages, page_size,
+            Hk, D)`` (vLLM's and flash-attn's paged layout; page_size a multiple of 16). Any
+            strides with the last one 1. ``Hq % Hk == 0``.
+        cache_seqlens: int32 ``(B,)``: batch ``b`` attends to its first ``cache_seqlens[b]`` keys.
+        page_table: int32 ``(B, max_pages)``: key ``t`` of batch ``b`` lies in page
+            ``page_table[b, t // page_size]``, row ``t % page_size``.
+        causal: bottom-right aligned: query ``i`` of batch ``b`` sees key ``j`` iff
+            ``j <= i + cache_seqlens[b] - Sq``.
+        num_splits: 0 chooses; otherwise the keys of each (batch, query tile, head) are split among
+            that many CTAs and the partial results combined exactly.
+
+    Appending the new keys and values to the cache is the caller's job (as in vLLM), before this
+    call. On CUDA the values of ``cache_seqlens`` and ``page_table`` are not checked (that would
+    synchronise with the GPU); out-of-range values give wrong results or memory faults. The CPU
+    implementation checks them.
+
+    Returns:
+        ``out`` with q's shape, or ``(out, lse)`` with ``lse`` ``(B, Hq, Sq)`` float32.
+    """
+    out, lse = torch.ops.fa.forward_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, scale, causal, num_splits)
+    return (out, lse) if return_lse else out

@@ -14,6 +14,10 @@ namespace fa {
 // of every family's backward query tile.
 inline constexpr int kBackwardRowPadding = 128;
 
+// Query rows of the Ampere family's KV-cache (decode) tile: a CTA serves one kv head, its rows the
+// group's query heads × positions (sm80/fwd_launch.h DecodeTile). The binding sizes split-KV by it.
+inline constexpr int kDecodeBlockM = 64;
+
 namespace sm80 {
 
 // Ampere family (mma.sync, cp.async, ldmatrix): sm80 and newer.

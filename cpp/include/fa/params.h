@@ -54,6 +54,25 @@ struct ForwardParams {
   const int* cu_seqlens_k = nullptr;
   int total_q = 0;  // varlen: rows of the packed q (and out); the Hopper family's TMA spans them
   int total_k = 0;  // varlen: rows of the packed k and v
+
+  // KV cache (fa.forward_kvcache; the Ampere family's forward), else null / defaults.
+  // Batch entry b sees keys [0, seqused_k[b]) of its cache; seqlen_k is then the cache's capacity.
+  const int* seqused_k = nullptr;
+  // Paged K/V: k and v are (num_pages, page_size, Hk, D), k_stride.batch / v_stride.batch the page
+  // stride; key j of batch entry b lies in page page_table[b · page_table_stride + j / page_size],
+  // row j % page_size. page_size is a multiple of 16.
+  const int* page_table = nullptr;
+  int64_t page_table_stride = 0;
+  int page_size = 0;
+  // Split-KV: the key tiles of each query tile are divided among num_splits CTAs (blockIdx.z =
+  // batch · num_splits + split), each writing its normalised fp32 output and lse to out_accum
+  // ((num_splits, B, Hq, seqlen_q, head_dim_rounded)) and lse_accum ((num_splits, B, Hq,
+  // seqlen_q)); a combine kernel merges them into out and lse. With num_splits 1 the kernel
+  // writes out and lse itself.
+  int num_splits = 1;
+  float* out_accum = nullptr;
+  float* lse_accum = nullptr;
+  int head_dim_accum = 0;  // head_dim_rounded of out_accum
 };
 
 // Gradients of the forward above. The forward's pointers are read again (out as dO's partner).

@@ -1,0 +1,158 @@
+"""The decoding suite of bench.py (``--suite decode``): attention of a few new queries against a
+key/value cache, which is bound by memory bandwidth.
+
+Rows (the issue's): (B 1, Hq 32, Hk 8, Sq 1, D 128, 131072 cached keys) contiguous; (B 32, Hq 32,
+Hk 8, Sq 1, D 128, 8192 keys) paged with page 16 and contiguous; (B 64, Hq 64, Hk 8, Sq 4, D 128,
+4096 keys) paged with page 256. Metric: the K and V bytes the call must read (B · Hk · keys · D ·
+2 tensors · element size) / time, beside the card's copy bandwidth measured in the same run (a
+1 GiB device-to-device copy: read + write bytes / time).
+
+Implementations: fa (fa.attention_kvcache), fa3 (FlashAttention-3's flash_attn_with_kvcache, with
+../shared/peers/fa3-serving on PYTHONPATH), and SDPA with each backend forced (contiguous rows
+only: it has no paged cache; k and v are the cache's filled part, enable_gqa=True). Every fa output
+is checked against SDPA's (or FA3's on paged rows).
+"""
+
+import dataclasses
+from typing import Callable, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+DECODE_IMPLS = ["fa", "fa3", "cudnn", "flash", "efficient"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeCase:
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    head_dim: int
+    keys: int
+    page_size: Optional[int] = None  # None: contiguous cache
+
+    def kv_bytes(self, element_size: int) -> int:
+        return 2 * self.batch * self.heads_kv * self.keys * self.head_dim * element_size
+
+    def label(self) -> str:
+        layout = f"paged {self.page_size}" if self.page_size else "contiguous"
+        return (f"B{self.batch} Hq{self.heads_q} Hk{self.heads_kv} Sq{self.seqlen_q} D{self.head_dim} "
+                f"{self.keys} keys, {layout}")
+
+
+DECODE_CASES = [
+    DecodeCase(1, 32, 8, 1, 128, 131072),
+    DecodeCase(32, 32, 8, 1, 128, 8192, 16),
+    DecodeCase(32, 32, 8, 1, 128, 8192),
+    DecodeCase(64, 64, 8, 4, 128, 4096, 256),
+]
+
+
+def copy_bandwidth(gib: float = 1.0) -> float:
+    """Bytes per second of a device-to-device copy of `gib` GiB (read + write)."""
+    from bench import time_ms
+
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() / (ms * 1e-3)
+
+
+def make_inputs(case: DecodeCase, dtype):
+    """q (B, Hq, Sq, D); the cache in fa's layouts (contiguous (B, Hk, S, D), or paged (pages,
+    page, Hk, D) with a shuffled page table); every entry's cache full (cache_seqlens = keys)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(case.batch, case.heads_q, case.seqlen_q, case.head_dim, device="cuda", dtype=dtype, generator=gen)
+    seqlens = torch.full((case.batch,), case.keys, dtype=torch.int32, device="cuda")
+    if case.page_size is None:
+        shape = (case.batch, case.heads_kv, case.keys, case.head_dim)
+        k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+        return q, k, v, seqlens, None
+    pages_per_entry = case.keys // case.page_size
+    num_pages = case.batch * pages_per_entry
+    shape = (num_pages, case.page_size, case.heads_kv, case.head_dim)
+    k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    order = torch.randperm(num_pages, device="cuda", generator=gen)
+    return q, k, v, seqlens, order.view(case.batch, pages_per_entry).to(torch.int32)
+
+
+def make_decode_impl(name: str, case: DecodeCase) -> Callable:
+    """fn(q, k_cache, v_cache, seqlens, page_table) -> (B, Hq, Sq, D) output (causal)."""
+    if name == "fa":
+        import fa
+
+        return lambda q, k, v, seqlens, pages: fa.attention_kvcache(q, k, v, seqlens, pages, causal=True)
+    if name == "fa3":
+        from flash_attn_interface import flash_attn_with_kvcache
+
+        def run_fa3(q, k, v, seqlens, pages):
+            # FA3 takes (B, S, H, D) queries and (B, S, Hk, D) or (pages, page, Hk, D) caches.
+            kc, vc = (k, v) if pages is not None else (k.transpose(1, 2), v.transpose(1, 2))
+            out = flash_attn_with_kvcache(q.transpose(1, 2), kc, vc, cache_seqlens=seqlens, page_table=pages,
+                                          causal=True)
+            return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+
+        return run_fa3
+    if case.page_size is not None:
+        raise RuntimeError("SDPA has no paged KV cache")
+    from bench import sdpa_backend
+    from torch.nn.attention import sdpa_kernel
+
+    backend = sdpa_backend(name)
+
+    def run(q, k, v, seqlens, pages):
+        # Bottom-right causal with Sq queries against S keys: query i sees keys <= i + S - Sq. SDPA's
+        # is_causal is top-left aligned, so for Sq > 1 the mask is explicit.
+        sq, s = q.size(2), k.size(2)
+        mask = None
+        if sq > 1:
+            i = torch.arange(sq, device=q.device).unsqueeze(1)
+            mask = torch.arange(s, device=q.device).unsqueeze(0) <= i + (s - sq)
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+    return run
+
+
+def run_decode_suite(dtypes: Sequence[str], impls: Optional[Sequence[str]] = None, cases=None):
+    """Returns (rows, mismatches, copy bytes/s)."""
+    import bench
+
+    impls = list(impls or DECODE_IMPLS)
+    bandwidth = copy_bandwidth()
+    rows, mismatches = [], []
+    for dtype_name in dtypes:
+        dtype = getattr(torch, dtype_name)
+        for case in cases or DECODE_CASES:
+            inputs = make_inputs(case, dtype)
+            outputs = {}
+            for impl in impls:
+                row = {"dtype": dtype_name, "case": case.label(), "impl": impl, "ms": None, "gbps": None,
+                       "of_copy": None, "note": ""}
+                with bench.noted_failure(lambda note: row.update(note=note)):
+                    fn = make_decode_impl(impl, case)
+                    with torch.no_grad():
+                        outputs[impl] = fn(*inputs)
+                        row["ms"] = bench.time_ms(lambda: fn(*inputs))
+                    row["gbps"] = case.kv_bytes(inputs[0].element_size()) / (row["ms"] * 1e-3) / 1e9
+                    row["of_copy"] = row["gbps"] * 1e9 / bandwidth
+                rows.append(row)
+            ref_name = next((r for r in ("cudnn", "flash", "efficient", "fa3") if r in outputs), None)
+            if "fa" in outputs and ref_name is not None:
+                err = bench.relative_mismatch(outputs["fa"], outputs[ref_name])
+                if not err <= bench.MISMATCH_TOLERANCE["fwd"]:
+                    mismatches.append(f"decode {dtype_name} {case.label()}: fa differs from {ref_name} by {err:.2e}")
+            del inputs, outputs
+            torch.cuda.empty_cache()
+    return rows, mismatches, bandwidth
+
+
+def decode_table(rows, bandwidth: float) -> str:
+    fmt = lambda x, spec: "" if x is None else format(x, spec)  # noqa: E731
+    lines = [f"copy bandwidth (1 GiB device-to-device, read + write): {bandwidth / 1e9:.0f} GB/s", "",
+             "| dtype | case | impl | ms | K+V GB/s | of copy | note |", "|" + "---|" * 7]
+    for r in rows:
+        lines.append(f"| {r['dtype']} | {r['case']} | {r['impl']} | {fmt(r['ms'], '.3f')} | {fmt(r['gbps'], '.0f')} | "
+                     f"{fmt(r['of_copy'], '.0%')} | {r['note']} |")
+    return "\n".join(lines)
