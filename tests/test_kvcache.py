@@ -82,7 +82,7 @@ def test_splits_give_the_same_answer(device, page_size):
     q, k, v, seqlens, pages, keys, values = make_cache([1000, 3, 517], 4, 1, 1, 64, torch.float16, device,
                                                       page_size=page_size)  # MQA
     one, lse_one = check(q, k, v, seqlens, pages, keys, values, num_splits=1)
-    for splits in (3, 16):
+    for splits in (3, 13, 128):  # 128: most splits see no key tile
         many, lse_many = check(q, k, v, seqlens, pages, keys, values, num_splits=splits)
         torch.testing.assert_close(many, one, atol=2e-3, rtol=0)
         torch.testing.assert_close(lse_many, lse_one, atol=1e-4, rtol=0)
