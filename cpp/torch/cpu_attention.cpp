@@ -366,7 +366,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cpu(const Tensor& q, const Tensor& k_
   constexpr const char* op = "fa.forward_kvcache";
   const KVCacheShape s = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, page_table, num_splits);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
-  if (page_table && page_table->size(1) > 1 && page_table->stride(1) != 1) page_table = contiguous_copy(*page_table);
+  if (page_table) page_table = dense_last_dim(*page_table);
   const Batch batch(op, s, cache_seqlens, page_table, page_table ? k_cache.size(0) : 0);
   ForwardOutputs o = allocate_forward_outputs(q, s);
   if (finish_trivial_forward(s, o)) return {o.out, o.lse};

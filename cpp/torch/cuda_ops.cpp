@@ -74,10 +74,8 @@ Strides strides_of(const Tensor& t) {
   return {t.stride(0), t.stride(1), t.stride(2)};
 }
 
-// cu_seqlens as the kernels index it: one int32 after another.
-Tensor dense_offsets(const Tensor& t) { return t.size(0) <= 1 || t.stride(0) == 1 ? t : contiguous_copy(t); }
 
-// What a packed (varlen) batch adds to the params; cu_seqlens as dense_offsets gives them.
+// What a packed (varlen) batch adds to the params; cu_seqlens as dense_last_dim gives them.
 void set_packed_batch(ForwardParams& p, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                       const VarlenShape& s) {
   p.cu_seqlens_q = static_cast<const int*>(cu_seqlens_q.data_ptr());
@@ -297,8 +295,8 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor&
   const std::string arch = check_device(q_in, op);
   ForwardOutputs o = allocate_varlen_outputs(q_in, s);
   if (finish_trivial_forward(s, o)) return {o.out, o.lse};
-  const Tensor cu_seqlens_q = dense_offsets(cu_seqlens_q_in);
-  const Tensor cu_seqlens_k = dense_offsets(cu_seqlens_k_in);
+  const Tensor cu_seqlens_q = dense_last_dim(cu_seqlens_q_in);
+  const Tensor cu_seqlens_k = dense_last_dim(cu_seqlens_k_in);
   ForwardParams p;
   set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
   forward_into(p, o, q_in, k_in, v_in, s, scale, causal, arch, op);
@@ -333,12 +331,9 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
   const Tensor q = aligned_for_kernels(q_in);
   const Tensor k = aligned_for_kernels(k_in);
   const Tensor v = aligned_for_kernels(v_in);
-  const Tensor cache_seqlens = dense_offsets(cache_seqlens_in);
+  const Tensor cache_seqlens = dense_last_dim(cache_seqlens_in);
   std::optional<Tensor> page_table;
-  if (page_table_in) {
-    const Tensor& pt = *page_table_in;
-    page_table = pt.size(1) <= 1 || pt.stride(1) == 1 ? pt : contiguous_copy(pt);
-  }
+  if (page_table_in) page_table = dense_last_dim(*page_table_in);
   const int64_t splits = num_splits > 0 ? num_splits : default_splits(s, q);
   FA_CHECK(s.batch * splits <= kMaxGridYZ, op, ": batch · num_splits must be at most ", str_of(kMaxGridYZ),
            ", got ", str_of(s.batch), " · ", str_of(splits));
@@ -478,8 +473,8 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, c
   Gradients g = allocate_varlen_gradients(q_in, k_in, v_in);
   if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
 
-  const Tensor cu_seqlens_q = dense_offsets(cu_seqlens_q_in);
-  const Tensor cu_seqlens_k = dense_offsets(cu_seqlens_k_in);
+  const Tensor cu_seqlens_q = dense_last_dim(cu_seqlens_q_in);
+  const Tensor cu_seqlens_k = dense_last_dim(cu_seqlens_k_in);
   BackwardParams p;
   set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
   run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,

@@ -44,6 +44,11 @@ Tensor contiguous_copy(const Tensor& t) {
   return copy;
 }
 
+Tensor dense_last_dim(const Tensor& t) {
+  const int64_t last = t.dim() - 1;
+  return t.size(last) <= 1 || t.stride(last) == 1 ? t : contiguous_copy(t);
+}
+
 bool finish_trivial_forward(const AttentionShape& s, ForwardOutputs& o) {
   if (!s.empty() && s.seqlen_k > 0) return false;
   torch::stable::zero_(o.out);

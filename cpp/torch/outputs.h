@@ -26,6 +26,10 @@ Gradients allocate_varlen_gradients(const Tensor& q, const Tensor& k, const Tens
 // A dense copy of t, contiguous in (B, H, S, D) order.
 Tensor contiguous_copy(const Tensor& t);
 
+// t if its last dimension is dense (stride 1, or at most one element), else a contiguous copy:
+// index tensors (cu_seqlens, cache_seqlens, page_table rows) as the kernels and loops read them.
+Tensor dense_last_dim(const Tensor& t);
+
 // When there is nothing to multiply (an empty dimension, or no keys at all) these give the outputs
 // their values (out 0 and lse -inf for rows that see no key; zero gradients) and return true.
 bool finish_trivial_forward(const AttentionShape& s, ForwardOutputs& outputs);
