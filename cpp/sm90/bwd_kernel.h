@@ -38,6 +38,7 @@
 #include "sm90/named_barriers.h"
 #include "sm90/pipeline.h"
 #include "sm90/row_store.h"
+#include "sm90/tile_scheduler.h"
 #include "sm90/wgmma.h"
 
 namespace fa::sm90 {
@@ -45,6 +46,7 @@ namespace fa::sm90 {
 template <class TmaQ, class TmaK, class TmaKVStore>
 struct BackwardKernelParams {
   BackwardParams attn;
+  BackwardTileOrder order;  // which key tile each CTA takes (tile_scheduler.h)
   TmaQ tma_q;
   TmaQ tma_do;
   TmaK tma_k;
@@ -65,8 +67,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   extern __shared__ char smem_raw[];
   Storage& smem = *reinterpret_cast<Storage*>(smem_raw);
   const BackwardParams& p = params.attn;
+  const auto tile = params.order.tile(blockIdx.x);
+  const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
   // Varlen: the grid covers the longest sequence's keys; a key tile past this one's has no work.
-  if (int(blockIdx.x) * kBlockN >= Sequence::of(p, blockIdx.z).seqlen_k) return;
+  if (n_block * kBlockN >= Sequence::of(p, batch).seqlen_k) return;
   const int warp = cutlass::canonical_warp_idx_sync();
   const int warpgroup = cutlass::canonical_warp_group_idx();
 
@@ -89,7 +93,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int mma_tid = threadIdx.x - 128;
   const int wg = mma_tid / 128;                // consumer warpgroup 0 or 1
   const bool issuer = mma_tid % 128 == 0;      // issues this warpgroup's bulk reductions
-  const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
   const Sequence seq = Sequence::of(p, batch);
   const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv);
   const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
@@ -269,7 +272,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     tma_store_arrive();
     tma_store_wait<0>();
   }
-  if (issuer) bulk_reduce_wait_all();
+  // The last reductions must have read shared memory before the CTA exits; their additions in L2
+  // complete on their own (as a TMA store's do), visible to the next kernel.
+  if (issuer) bulk_reduce_wait_read();
 }
 
 }  // namespace fa::sm90

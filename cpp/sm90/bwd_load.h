@@ -66,7 +66,8 @@ struct BackwardLoad {
                               Pipeline& pipeline_do) {
     using namespace cute;
     const BackwardParams& p = params.attn;
-    const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
+    const auto tile = params.order.tile(blockIdx.x);
+    const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
     const Sequence seq = Sequence::of(p, batch);
     const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, n_block, head_kv);
     const bool leader = elect_one_sync();

@@ -1,0 +1,95 @@
+"""Where a call's GPU time goes, kernel by kernel, for fa and its peers (torch.profiler).
+
+    python benchmarks/kernel_times.py --mode bwd --shapes "2,64,4096,128;16,16,2048,64"
+    python benchmarks/kernel_times.py --mode bwd --impl fa-sm90,fa3 --dtype bfloat16 --causal both
+
+For each case and implementation the call (the forward, or the backward alone through
+torch.autograd.grad, as bench.py times it) runs a few times under torch.profiler after a warm-up;
+each kernel's device time is averaged over the repeats. The rows say how much of the call each
+kernel is (the pre- and post-passes of a backward beside its main kernel). The call's own time,
+gaps between kernels included, is bench.py's: once the profiler has run, launches in the same
+process are slower, so this script times nothing with events.
+"""
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402
+
+REPEATS = 10
+
+
+def kernel_times(call, repeats=REPEATS):
+    """{kernel name: mean µs per call} over `repeats` calls, and the kernels' total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            call()
+        torch.cuda.synchronize()
+    totals = collections.defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0:
+            totals[event.name] += event.device_time
+    times = {name: us / repeats for name, us in totals.items()}
+    return times, sum(times.values())
+
+
+def short_name(name: str, width: int = 90) -> str:
+    name = name.replace("void ", "")
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def make_call(case, impl, inputs):
+    q, k, v = inputs
+    fn = bench.make_impl(impl)
+    if case.mode == "fwd":
+        def call():
+            with torch.no_grad():
+                return fn(q, k, v, case.causal)
+        return call
+    out = fn(q, k, v, case.causal)
+    dout = torch.randn_like(out)
+    return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", type=bench.parse_shapes, default=bench.DEFAULT_SHAPES, help="'B,H,S,D;B,H,S,D'")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--causal", choices=["0", "1", "both"], default="both")
+    p.add_argument("--mode", choices=["fwd", "bwd"], default="bwd")
+    p.add_argument("--impl", default="fa-sm90,fa3")
+    args = p.parse_args(argv)
+    causal_values = [False, True] if args.causal == "both" else [args.causal == "1"]
+    for dtype in args.dtype.split(","):
+        for shape in args.shapes:
+            for causal in causal_values:
+                case = bench.Case(*shape, causal=causal, mode=args.mode, dtype=dtype)
+                inputs = bench.make_inputs(case, requires_grad=args.mode == "bwd")
+                print(f"\n### {args.mode} {dtype} {shape} causal={int(causal)}")
+                print("| impl | kernel | µs | share |\n|---|---|---|---|")
+                for impl in args.impl.split(","):
+                    try:
+                        with bench.kernel_family(impl):
+                            times, total = kernel_times(make_call(case, impl, inputs))
+                    except (ImportError, RuntimeError) as err:
+                        print(f"| {impl} | unavailable: {str(err).splitlines()[0][:80]} | | |")
+                        continue
+                    for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
+                        print(f"| {impl} | {short_name(name)} | {us:.1f} | {us / total:.1%} |")
+                    print(f"| {impl} | **the kernels' sum** | {total:.1f} | |")
+                del inputs
+                torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
