@@ -31,11 +31,14 @@
 #   --sweep "…"  run benchmarks/tile_sweep.cu on each "B H S causal [D]" case (';'-separated): the
 #                binary staged as .carry/tile_sweep if there is one (built without a GPU), else built here
 #   --profile "…" benchmarks/profile_ncu.py arguments (Nsight Compute); ';' separates several runs
+#   --kernel-times "…" benchmarks/kernel_times.py arguments (each kernel's device time, fa beside
+#                its peers), after the benchmark
 #   --gdb "…"    run pytest with these arguments under cuda-gdb and save the native backtrace
 set -uo pipefail
 OUT=${OUT:-/tmp/fa-out}
 mkdir -p "$OUT"
 mode="" install_args="" tests="" bench="" sanitize=0 sass=0 sweep="" profile="" gdb="" peer=fa3 ab="" ab_bench=""
+kernel_times=""
 sanitize_parts="" sanitize_tools="memcheck racecheck synccheck"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -48,6 +51,7 @@ while [ $# -gt 0 ]; do
     --sass) sass=1 ;;
     --sweep) sweep="$2"; shift ;;
     --profile) profile="$2"; shift ;;
+    --kernel-times) kernel_times="$2"; shift ;;
     --gdb) gdb="$2"; shift ;;
     --peer) peer="$2"; shift ;;
     --ab) ab="$2"; shift ;;
@@ -162,6 +166,12 @@ if [ "$bench" != skip ]; then
   step "benchmark ${bench}"
   # shellcheck disable=SC2086
   python3 benchmarks/bench.py --out "$OUT" --name bench ${bench} 2> "$OUT/bench.stderr" | tee "$OUT/bench.md"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [ -n "$kernel_times" ]; then
+  step "kernel times ${kernel_times}"
+  # shellcheck disable=SC2086
+  python3 benchmarks/kernel_times.py ${kernel_times} 2> "$OUT/kernel_times.stderr" | tee "$OUT/kernel_times.md"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ -n "$ab" ]; then
