@@ -118,9 +118,9 @@ cudaError_t launch_backward(const BackwardParams& p, cudaStream_t stream) {
   constexpr int64_t kL2Budget = 40ll << 20;
   const int64_t unit_bytes = int64_t(p.heads_q / p.heads_kv) * p.seqlen_q_rounded * kHeadDim *
                              (2 * sizeof(Element) + sizeof(float));
-  const auto order = BackwardTileOrder::make((p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN, p.heads_kv,
-                                             p.batch, kCausal, unit_bytes, kL2Budget);
-  if (order.size() > INT32_MAX) return cudaErrorInvalidConfiguration;
+  const int n_blocks = (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
+  if (int64_t(n_blocks) * p.heads_kv * p.batch > INT32_MAX) return cudaErrorInvalidConfiguration;  // a 1-D grid
+  const auto order = BackwardTileOrder::make(n_blocks, p.heads_kv, p.batch, kCausal, unit_bytes, kL2Budget);
   using Params = BackwardKernelParams<decltype(tma_q), decltype(tma_k), decltype(tma_dk)>;
   Params params{p, order, tma_q, tma_do, tma_k, tma_v, tma_dk, tma_dv};
 
