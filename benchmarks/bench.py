@@ -225,33 +225,35 @@ def make_inputs(case: Case, device="cuda", requires_grad=False):
     return q, k, v
 
 
-def run_case(case: Case, impl: str, fn: Callable, inputs) -> Tuple[float, float, torch.Tensor]:
-    """Times one implementation on one case: (ms, peak extra MB, output or gradients)."""
+def case_call(case: Case, fn: Callable, inputs) -> Callable[[], object]:
+    """The call that is timed: the forward without autograd, or the backward alone (dQ, dK, dV of
+    one recorded forward, for the same upstream gradient whatever the implementation)."""
     q, k, v = inputs
     if case.mode == "fwd":
-        with torch.no_grad():
-            call = lambda: fn(q, k, v, case.causal)  # noqa: E731
-            torch.cuda.synchronize()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            result = call()
-            torch.cuda.synchronize()
-            extra = torch.cuda.max_memory_allocated() - base
-            ms = time_ms(call)
-        return ms, extra / 2**20, result.detach()
+        def forward():
+            with torch.no_grad():
+                return fn(q, k, v, case.causal)
+
+        return forward
     out = fn(q, k, v, case.causal)
     # The same upstream gradient for every implementation, so their gradients are comparable.
     dout = torch.randn(out.shape, device=out.device, dtype=out.dtype,
                        generator=torch.Generator(device=out.device).manual_seed(1))
-    call = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+    return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+
+def run_case(case: Case, impl: str, fn: Callable, inputs) -> Tuple[float, float, torch.Tensor]:
+    """Times one implementation on one case: (ms, peak extra MB, output or gradients)."""
+    call = case_call(case, fn, inputs)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    grads = call()
+    result = call()
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     ms = time_ms(call)
-    return ms, extra / 2**20, torch.cat([g.flatten() for g in grads])
+    result = result.detach() if case.mode == "fwd" else torch.cat([g.flatten() for g in result])
+    return ms, extra / 2**20, result
 
 
 def relative_mismatch(got: torch.Tensor, ref: torch.Tensor) -> float:

@@ -3,8 +3,8 @@
     python benchmarks/kernel_times.py --mode bwd --shapes "2,64,4096,128;16,16,2048,64"
     python benchmarks/kernel_times.py --mode bwd --impl fa-sm90,fa3 --dtype bfloat16 --causal both
 
-For each case and implementation the call (the forward, or the backward alone through
-torch.autograd.grad, as bench.py times it) runs a few times under torch.profiler after a warm-up;
+For each case and implementation the call (bench.case_call: the forward, or the backward
+alone, as bench.py times it) runs a few times under torch.profiler after a warm-up;
 each kernel's device time is averaged over the repeats. The rows say how much of the call each
 kernel is (the pre- and post-passes of a backward beside its main kernel). The call's own time,
 gaps between kernels included, is bench.py's: once the profiler has run, launches in the same
@@ -47,19 +47,6 @@ def short_name(name: str, width: int = 90) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
-def make_call(case, impl, inputs):
-    q, k, v = inputs
-    fn = bench.make_impl(impl)
-    if case.mode == "fwd":
-        def call():
-            with torch.no_grad():
-                return fn(q, k, v, case.causal)
-        return call
-    out = fn(q, k, v, case.causal)
-    dout = torch.randn_like(out)
-    return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", type=bench.parse_shapes, default=bench.DEFAULT_SHAPES, help="'B,H,S,D;B,H,S,D'")
@@ -79,7 +66,7 @@ def main(argv=None) -> int:
                 for impl in args.impl.split(","):
                     try:
                         with bench.kernel_family(impl):
-                            times, total = kernel_times(make_call(case, impl, inputs))
+                            times, total = kernel_times(bench.case_call(case, bench.make_impl(impl), inputs))
                     except (ImportError, RuntimeError) as err:
                         print(f"| {impl} | unavailable: {str(err).splitlines()[0][:80]} | | |")
                         continue
