@@ -13,14 +13,15 @@
 // Roles (bwd_config.h has the tile shapes):
 //   warpgroup 0, warp 0   producer (bwd_load.h): K, V once; Q + lse and dO + delta per step
 //                         through two kStages-deep pipelines. 24 registers a thread.
+//                warp 1   dQ writer (bwd_load.h): adds the consumers' staged dQ tiles to the
+//                         workspace by bulk reductions.
 //   warpgroups 1, 2       consumers: 64 keys each for Sᵀ, dPᵀ, dV, dK; half of dQ's columns each.
 //                         240 registers a thread.
 // A step of a consumer warpgroup: issue Sᵀ and dPᵀ; Pᵀ once Sᵀ is done; issue dV += Pᵀ dO; dSᵀ
 // once dPᵀ is done; write dSᵀ to shared memory (double-buffered); wait for the other warpgroup's
 // half (kdSFull); issue dQ = dS K and dK += dSᵀ Q (dK before the dSᵀ store where kDqBeforeDk is
-// false); once dQ is done, stage it in shared memory and add it to the workspace (one thread per
-// warpgroup issues the bulk reduction, which runs on while the next steps compute); once dK is
-// done, release Q and dO.
+// false); once dQ is done, stage it in shared memory for the dQ writer (whose bulk reduction runs
+// on while the next steps compute); once dK is done, release Q and dO.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -29,7 +30,6 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/attention_mask.h"
-#include "common/bulk_reduce.h"
 #include "common/fragment_convert.h"
 #include "common/sequence.h"
 #include "fa/params.h"
@@ -86,13 +86,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
     if (warp == 0) BackwardLoad<Config, kCausal>::run(params, smem, pipeline_q, pipeline_do);
+    if (warp == 1) BackwardDqWriter<Config, kCausal>::run(p, smem, n_block, head_kv, batch);
     return;
   }
 
   cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
   const int mma_tid = threadIdx.x - 128;
-  const int wg = mma_tid / 128;                // consumer warpgroup 0 or 1
-  const bool issuer = mma_tid % 128 == 0;      // issues this warpgroup's bulk reductions
+  const int wg = warpgroup - 1;                // consumer warpgroup 0 or 1 (warp-uniform)
   const Sequence seq = Sequence::of(p, batch);
   const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv);
   const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
@@ -111,26 +111,39 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ.
   typename Config::TiledMmaSdP mma_sdp;
   auto thr_sdp = mma_sdp.get_thread_slice(mma_tid);
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // descriptors (MMA, MMA_M, MMA_K)
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA, MMA_N, MMA_K, stages)
-  Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
-  Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
+  auto wg_sdp = warpgroup_slice(mma_sdp, /*first_warpgroup=*/1);  // for descriptors (wgmma.h)
+  Tensor tSrK = wg_sdp.partition_fragment_A(sK);      // descriptors (MMA, MMA_M, MMA_K)
+  Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);      // (MMA, MMA_N, MMA_K, stages)
+  Tensor tdPrV = wg_sdp.partition_fragment_A(sV);
+  Tensor tdPrdO = wg_sdp.partition_fragment_B(sdO);
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(typename Config::TileSt{}));  // (key, query)
   auto score_coords = rowcol_view(tScS);
+  // A step's per-query values (lse, delta) at this thread's columns of Sᵀ.
+  constexpr int kScoreCols = decltype(size<1>(score_coords))::value;
+  auto read_columns = [&](const float* values, float (&out)[kScoreCols]) {
+    CUTE_UNROLL
+    for (int c = 0; c < kScoreCols; ++c) out[c] = values[get<1>(score_coords(0, c))];
+  };
+  constexpr bool kRowsEarly = kScoreCols <= 16;
+  // Column c's value: read early into `early`, or now from shared memory.
+  auto column = [&](const float (&early)[kScoreCols], const float* values, int c) {
+    if constexpr (kRowsEarly) return early[c];
+    else return values[get<1>(score_coords(0, c))];
+  };
   // dV += Pᵀ dO and dK += dSᵀ Q.
   typename Config::TiledMmadKV mma_dkv;
-  auto thr_dkv = mma_dkv.get_thread_slice(mma_tid);
-  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stages)
-  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
+  auto wg_dkv = warpgroup_slice(mma_dkv, 1);
+  Tensor tdVrdOt = wg_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stages)
+  Tensor tdKrQt = wg_dkv.partition_fragment_B(sQt);
   Tensor acc_dk = partition_fragment_C(mma_dkv, typename Config::TileKV{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, typename Config::TileKV{});
   clear(acc_dk);
   clear(acc_dv);
   // dQ = dS K.
   typename Config::TiledMmadQ mma_dq;
-  auto thr_dq = mma_dq.get_thread_slice(mma_tid);
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);   // (MMA, MMA_M, MMA_K, 2 buffers)
-  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+  auto wg_dq = warpgroup_slice(mma_dq, 1);
+  Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);    // (MMA, MMA_M, MMA_K, 2 buffers)
+  Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);
   // dSᵀ: registers -> shared memory with stmatrix.
   auto copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto thr_copy_ds = copy_ds.get_thread_slice(mma_tid);
@@ -140,26 +153,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // Waited for even with no step: the epilogue reuses K's and V's buffers.
   cutlass::arch::ClusterBarrier::wait(&smem.kv_full, 0);
 
-  // dQ of a step: staged in shared memory (buffer t % kdQStages, once this warpgroup's reduction
-  // from kdQStages steps back has read it) and added to the workspace tile of (batch, head,
-  // m_block) by one thread.
+  // dQ of a step: staged in shared memory (buffer t % kdQStages, once the dQ writer says that its
+  // reduction from kdQStages steps back has read it), then handed to the writer (bwd_load.h),
+  // which adds it to the workspace tile of (batch, head, m_block).
   auto add_dq = [&](int t, auto const& acc_dq) {
+    constexpr int kWriterThreads = BackwardDqWriter<Config, kCausal>::kBarrierThreads;
     float* staging = smem.dq.data() + (t % Config::kdQStages) * Config::kMmaWarpgroups * Config::kdQWarpgroupFloats;
-    if (issuer) bulk_reduce_wait_read<Config::kdQStages - 1>();
-    barrier_sync(BackwardBarrier::kdQEmpty, 128, wg);
+    barrier_sync(BackwardBarrier::kdQEmpty, kWriterThreads, wg);
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dq); i += 4) {
       *reinterpret_cast<float4*>(staging + Config::dq_staging_offset(mma_tid, i)) =
           make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
     }
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
-    barrier_sync(BackwardBarrier::kdQFull, 128, wg);
-    if (issuer) {
-      const int64_t row = steps.workspace_row(p, seq, batch, t);
-      bulk_reduce_add(p.dq_accum + row * Config::kHeadDim + wg * Config::kdQWarpgroupFloats,
-                            staging + wg * Config::kdQWarpgroupFloats,
-                            Config::kdQWarpgroupFloats * int(sizeof(float)));
-    }
+    barrier_arrive(BackwardBarrier::kdQFull, kWriterThreads, wg);
   };
 
   for (int t = 0; t < steps.count; ++t) {
@@ -168,8 +175,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
     Tensor acc_s = partition_fragment_C(mma_sdp, typename Config::TileSt{});
     Tensor acc_dp = partition_fragment_C(mma_sdp, typename Config::TileSt{});
+    // The lse and delta values of this thread's query columns are read from shared memory before
+    // the waits for Sᵀ and dPᵀ (lse while Sᵀ runs, delta while dPᵀ and dV do): read after them,
+    // their latency (behind the tensor cores' shared-memory traffic) sat between each GEMM and
+    // the math on its result (Nsight Compute's source view: the first use of lse was the
+    // kernel's most stalled instruction). Not both at once; and where a thread has 32 query
+    // columns (kBlockM = 128, D = 64) after the waits as before: 32 more live registers spill.
+    const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
+    const float* delta = smem.delta.data() + do_stage * kBlockM;
+    float row_lse[kScoreCols], row_delta[kScoreCols];
     pipeline_q.consumer_wait(q_state);
     gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), acc_s);
+    if constexpr (kRowsEarly) read_columns(lse_log2, row_lse);
     pipeline_do.consumer_wait(do_state);
     gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tdPrV, tdPrdO(_, _, _, do_stage), acc_dp);
 
@@ -182,29 +199,26 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
     }
     auto probs = rowcol_view(acc_s);
-    const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
     CUTE_UNROLL
     for (int c = 0; c < size<1>(probs); ++c) {
-      const float row_lse = lse_log2[get<1>(score_coords(0, c))];
       CUTE_UNROLL
       for (int r = 0; r < size<0>(probs); ++r) {
-        probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - row_lse);
+        probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - column(row_lse, lse_log2, c));
       }
     }
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
     gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
+    if constexpr (kRowsEarly) read_columns(delta, row_delta);
 
     // dSᵀ = Pᵀ ∘ (dPᵀ - delta).
     gemm_wait<1>(acc_dp);
     auto dscores = rowcol_view(acc_dp);
-    const float* delta = smem.delta.data() + do_stage * kBlockM;
     CUTE_UNROLL
     for (int c = 0; c < size<1>(dscores); ++c) {
-      const float row_delta = delta[get<1>(score_coords(0, c))];
       CUTE_UNROLL
       for (int r = 0; r < size<0>(dscores); ++r) {
-        dscores(r, c) = probs(r, c) * (dscores(r, c) - row_delta);
+        dscores(r, c) = probs(r, c) * (dscores(r, c) - column(row_delta, delta, c));
       }
     }
     Tensor rdS = convert_fragment<Element>(acc_dp);
@@ -245,23 +259,30 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
   Tensor rdK = convert_fragment<Element>(acc_dk);
   Tensor rdV = convert_fragment<Element>(acc_dv);
+  // The thread index read again (an asm read the compiler cannot hoist): its epilogue-only
+  // derivatives, computed from the first read, were kept live through the main loop and spilled.
+  uint32_t tid_now;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_now));
+  const int epilogue_tid = int(tid_now) - 128;
   auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
-  auto thr_copy_dkv = copy_dkv.get_thread_slice(mma_tid);
+  auto thr_copy_dkv = copy_dkv.get_thread_slice(epilogue_tid);
   barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
   copy(copy_dkv, thr_copy_dkv.retile_S(rdK), thr_copy_dkv.partition_D(sK));
   copy(copy_dkv, thr_copy_dkv.retile_S(rdV), thr_copy_dkv.partition_D(sV));
   cutlass::arch::fence_view_async_shared();
   barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
   if (p.cu_seqlens_q != nullptr) {
+    // The sequence's offsets read again rather than kept in registers through the main loop.
+    const Sequence out_seq = Sequence::of(p, batch);
     auto store = [&](auto const& s, void* base, const Strides& stride) {
-      Element* dst = static_cast<Element*>(base) + seq.k_offset(stride, batch, head_kv) +
+      Element* dst = static_cast<Element*>(base) + out_seq.k_offset(stride, batch, head_kv) +
                      int64_t(key_begin) * stride.row;
-      store_rows<kBlockN, Config::kHeadDim>(s, dst, stride.row, seq.seqlen_k - key_begin, p.head_dim, mma_tid,
+      store_rows<kBlockN, Config::kHeadDim>(s, dst, stride.row, out_seq.seqlen_k - key_begin, p.head_dim, epilogue_tid,
                                             Config::kMmaThreads);
     };
     store(sK, p.dk, p.dk_stride);
     store(sV, p.dv, p.dv_stride);
-  } else if (mma_tid == 0) {
+  } else if (epilogue_tid == 0) {
     using TileKV = typename Config::TileKV;
     Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
     Tensor mdV = params.tma_dv.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
@@ -272,9 +293,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     tma_store_arrive();
     tma_store_wait<0>();
   }
-  // The last reductions must have read shared memory before the CTA exits; their additions in L2
-  // complete on their own (as a TMA store's do), visible to the next kernel.
-  if (issuer) bulk_reduce_wait_read();
 }
 
 }  // namespace fa::sm90

@@ -13,8 +13,10 @@
 
 #include "common/attention_mask.h"
 #include "common/backward_rows.h"
+#include "common/bulk_reduce.h"
 #include "common/sequence.h"
 #include "fa/params.h"
+#include "sm90/named_barriers.h"
 
 namespace fa::sm90 {
 
@@ -113,6 +115,50 @@ struct BackwardLoad {
       load(pipeline_q, q_state, params.tma_q, mQ, sQ, smem.lse_log2.data(), p.lse_log2);
       load(pipeline_do, do_state, params.tma_do, mdO, sdO, smem.delta.data(), p.delta);
     }
+  }
+};
+
+// The dQ writer (warp 1 of the producer warpgroup): adds each consumer warpgroup's staged dQ tile
+// of each step to the fp32 workspace with one bulk reduction (cp.reduce.async.bulk), so that the
+// consumers only write their tile and arrive (bar.arrive) instead of waiting for the reduction's
+// issue, and the workspace address is computed here. Per consumer warpgroup w, two named barriers
+// of its 128 threads and this warp:
+//   kdQFull + w   consumers arrive once their tile of step t is in shared memory; the writer waits;
+//   kdQEmpty + w  the writer arrives once the buffer of step t + 1 (the one step t - 1 used) has
+//                 been read by its reduction; the consumers wait before writing into it.
+template <class Config, bool kCausal>
+struct BackwardDqWriter {
+  static constexpr int kBarrierThreads = 128 + 32;
+
+  template <class Storage>
+  CUTE_DEVICE static void run(const BackwardParams& p, Storage& smem, int n_block, int head_kv, int batch) {
+    constexpr int kWarpgroups = Config::kMmaWarpgroups;
+    constexpr int kFloats = Config::kdQWarpgroupFloats;
+    const Sequence seq = Sequence::of(p, batch);
+    const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, n_block, head_kv);
+    const bool leader = cute::elect_one_sync();
+    if (steps.count > 0) {
+      for (int w = 0; w < kWarpgroups; ++w) barrier_arrive(BackwardBarrier::kdQEmpty, kBarrierThreads, w);
+    }
+    for (int t = 0; t < steps.count; ++t) {
+      const float* staging = smem.dq.data() + (t % Config::kdQStages) * kWarpgroups * kFloats;
+      float* tile = p.dq_accum + steps.workspace_row(p, seq, batch, t) * Config::kHeadDim;
+      CUTE_UNROLL
+      for (int w = 0; w < kWarpgroups; ++w) {
+        barrier_sync(BackwardBarrier::kdQFull, kBarrierThreads, w);
+        if (leader) {
+          bulk_reduce_add(tile + w * kFloats, staging + w * kFloats, kFloats * int(sizeof(float)));
+          // Warpgroup w's reduction of step t - 1 has read its buffer once at most the newer ones
+          // (the other warpgroups' of step t - 1 and t, up to this one) are pending.
+          bulk_reduce_wait_read<kWarpgroups * (Config::kdQStages - 1)>();
+        }
+        __syncwarp();
+        if (t + 1 < steps.count) barrier_arrive(BackwardBarrier::kdQEmpty, kBarrierThreads, w);
+      }
+    }
+    // The last reductions must have read shared memory before the CTA exits; their additions in
+    // L2 complete on their own (as a TMA store's do), visible to the next kernel.
+    if (leader) bulk_reduce_wait_read();
   }
 };
 

@@ -47,11 +47,11 @@ struct ForwardMainloop {
 
     typename Config::TiledMmaS mma_s;
     auto thr_s = mma_s.get_thread_slice(mma_tid);
-    Tensor tSrQ = thr_s.partition_fragment_A(sQ);  // wgmma descriptors (MMA, MMA_M, MMA_K)
-    Tensor tSrK = thr_s.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_K, stages)
+    auto wg_s = warpgroup_slice(mma_s, /*first_warpgroup=*/1);
+    Tensor tSrQ = wg_s.partition_fragment_A(sQ);  // wgmma descriptors (MMA, MMA_M, MMA_K)
+    Tensor tSrK = wg_s.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_K, stages)
     typename Config::TiledMmaO mma_o;
-    auto thr_o = mma_o.get_thread_slice(mma_tid);
-    Tensor tOrVt = thr_o.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
+    Tensor tOrVt = warpgroup_slice(mma_o, 1).partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
 
     Tensor acc_s = partition_fragment_C(mma_s, typename Config::TileS{});
     Tensor tScS = thr_s.partition_C(make_identity_tensor(typename Config::TileS{}));
