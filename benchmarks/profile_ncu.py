@@ -14,6 +14,7 @@ Build with -C cmake.define.FA_LINEINFO=ON to map the report's source view onto t
 """
 
 import argparse
+import collections
 import csv
 import io
 import os
@@ -181,7 +182,8 @@ def number(row, metric):
 def is_main_kernel(name):
     """The attention kernel itself, as opposed to a pre- or post-pass: its time is the one the
     FLOP count is divided by (fa's, FlashAttention-2's and cuDNN's kernel names)."""
-    if "convert" in name or "dot_do_o" in name or "preprocess" in name:
+    lowered = name.lower()
+    if any(key in lowered for key in ("convert", "dot_do_o", "preprocess", "postprocess")):
         return False
     return any(key in name for key in ("forward_kernel", "backward_kernel", "flash_fwd", "flash_bwd", "sdpa", "fprop",
                                        "bprop", "FlashAttnFwd", "FlashAttnBwd"))
@@ -253,7 +255,40 @@ def source_hotspots(text, top):
             for value, r in scored[:top]:
                 where = r[addr] if addr is not None else ""
                 lines.append(f"  {value:12.0f} {100 * value / total:5.1f}%  {where[-6:]:>6s}  {r[src].strip()[:90]}")
+        lines.extend(source_breakdown(header, data, top))
     return "\n".join(lines)
+
+
+def source_breakdown(header, data, top):
+    """The source page's per-instruction columns summed two ways: the executed instructions by
+    opcode (beside a peer's kernel, an excess shows what fa computes that the peer does not) and,
+    for each of the three largest stall reasons, the instructions that carry most of it."""
+    col = {c: i for i, c in enumerate(header)}
+    src = col["Source"]
+
+    def value(r, name):
+        try:
+            return float(r[col[name]].replace(",", ""))
+        except (KeyError, ValueError, IndexError):
+            return 0.0
+
+    lines = []
+    if "Instructions Executed" in col:
+        by_op = collections.Counter()
+        for r in data:
+            text = re.sub(r"^@!?U?P\w+\s+", "", r[src].strip())
+            by_op[text.split(" ")[0].split(".")[0] if text else "?"] += value(r, "Instructions Executed")
+        total = sum(by_op.values()) or 1.0
+        lines.append(f"executed warp instructions by opcode (total {total / 1e6:.1f} M): " +
+                     ", ".join(f"{op} {n / 1e6:.2f} M" for op, n in by_op.most_common(15)))
+    reasons = [c for c in header if c.startswith("stall_") and "Not Issued" not in c]
+    sums = sorted(((sum(value(r, c) for r in data), c) for c in reasons), reverse=True)
+    for total, reason in sums[:3]:
+        lines.append(f"top {min(top, 10)} SASS instructions by {reason} (total {total:.0f}):")
+        for r in sorted(data, key=lambda r: -value(r, reason))[:min(top, 10)]:
+            lines.append(f"  {value(r, reason):12.0f}  {r[col['Address']][-6:] if 'Address' in col else '':>6s}  "
+                         f"{r[src].strip()[:90]}")
+    return lines
 
 
 def main(argv=None) -> int:

@@ -174,8 +174,11 @@ def test_profile_names_the_attention_kernel():
     for name in ("void fa::backward_preprocess_kernel<cutlass::half_t, 128>(fa::BackwardParams)",
                  "void fa::backward_convert_dq_kernel<cutlass::half_t, 128>(fa::BackwardParams)",
                  "void flash_bwd_dot_do_o_kernel<true, Flash_bwd_kernel_traits<...>>",
-                 "void flash_bwd_convert_dq_kernel<Flash_bwd_kernel_traits<...>>"):
+                 "void flash_bwd_convert_dq_kernel<Flash_bwd_kernel_traits<...>>",
+                 "void cutlass::device_kernel<flash::FlashAttnBwdPreprocess<cute::tuple<...>>>(...)",
+                 "void cutlass::device_kernel<flash::FlashAttnBwdPostprocessConvertdQ<cute::tuple<...>>>(...)"):
         assert not fa_profile.is_main_kernel(name)
+    assert fa_profile.is_main_kernel("void cutlass::device_kernel<flash::enable_sm90<flash::FlashAttnBwdSm90<...>>>")
     args = fa_profile.parse_args(["--mode", "bwd", "--impl", "flash"])
     assert (args.mode, args.impl) == ("bwd", "flash")
 
@@ -195,6 +198,21 @@ def test_profile_source_hotspots():
     stalls = lines.index(next(x for x in lines if "stall samples" in x))
     assert "HMMA" in lines[stalls + 1] and "50.0%" in lines[stalls + 1]
     assert "no header row" in fa_profile.source_hotspots("garbage", 3)
+
+
+def test_profile_source_breakdown():
+    # The opcode mix (predicates and modifiers stripped) and the instructions of the largest stall reasons.
+    header = ["Address", "Source", "Instructions Executed", "stall_wait", "stall_long_sb", "stall_wait (Not Issued)"]
+    data = [["0x10", "@!P0 R2UR UR4, R2", "1,000,000", "1", "0", "9"],
+            ["0x20", "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", "2000000", "70", "0", "0"],
+            ["0x30", "R2UR UR5, R3", "1000000", "5", "40", "0"]]
+    lines = fa_profile.source_breakdown(header, data, 5)
+    assert lines[0].startswith("executed warp instructions by opcode (total 4.0 M)")
+    assert "R2UR 2.00 M" in lines[0] and "HGMMA 2.00 M" in lines[0]
+    wait = lines.index(next(x for x in lines if "by stall_wait " in x))
+    assert "total 76" in lines[wait] and "HGMMA" in lines[wait + 1] and "0x30" in lines[wait + 2]
+    assert any("by stall_long_sb (total 40)" in x for x in lines)
+    assert not any("Not Issued" in x for x in lines)
 
 
 def test_sweep_plot(tmp_path):
