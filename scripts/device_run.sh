@@ -34,6 +34,10 @@
 #   --kernel-times "…" benchmarks/kernel_times.py arguments (each kernel's device time, fa beside
 #                its peers), after the benchmark
 #   --gdb "…"    run pytest with these arguments under cuda-gdb and save the native backtrace
+#
+# More than 8 files in $OUT at the end (the device tool's limit): the summaries (bench.md, ab.md,
+# kernel_times.md, sass_summary.txt, profile.txt, pytest.log) stay, the rest goes into
+# $OUT/rest.tar.gz, and .ncu-rep reports are dropped.
 set -uo pipefail
 OUT=${OUT:-/tmp/fa-out}
 mkdir -p "$OUT"
@@ -194,6 +198,19 @@ if [ -n "$profile" ]; then
     # shellcheck disable=SC2086
     python3 benchmarks/profile_ncu.py --out "$OUT" ${r} 2>&1 | tee -a "$OUT/profile.txt" | grep -v "^==PROF==" | tail -45
   done
+fi
+# The device tool brings back at most 8 files from $OUT: past that, the summaries stay as they are
+# and everything else (logs, CSV/JSON, source-page CSVs, the SASS dump) goes into one archive.
+# Nsight Compute reports (.ncu-rep) are left out of it (too large to travel; rerun to get one).
+files=$(find "$OUT" -type f | wc -l)
+if [ "$files" -gt 8 ]; then
+  keep="bench.md ab.md kernel_times.md sass_summary.txt profile.txt pytest.log"
+  ( cd "$OUT" && find . -type f ! -name '*.ncu-rep' $(for k in $keep; do printf ' ! -path ./%s' "$k"; done) -print0 \
+      | tar czf /tmp/fa-out-rest.tar.gz --null -T - \
+      && find . -type f ! -name rest.tar.gz $(for k in $keep; do printf ' ! -path ./%s' "$k"; done) -delete \
+      && mv /tmp/fa-out-rest.tar.gz rest.tar.gz )
+  find "$OUT" -type d -empty -delete 2>/dev/null
+  echo "($files files in $OUT: all but the summaries are in $OUT/rest.tar.gz)"
 fi
 step "done, status $status"
 exit $status
