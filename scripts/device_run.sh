@@ -204,10 +204,11 @@ fi
 # Nsight Compute reports (.ncu-rep) are left out of it (too large to travel; rerun to get one).
 files=$(find "$OUT" -type f | wc -l)
 if [ "$files" -gt 8 ]; then
-  keep="bench.md ab.md kernel_times.md sass_summary.txt profile.txt pytest.log"
-  ( cd "$OUT" && find . -type f ! -name '*.ncu-rep' $(for k in $keep; do printf ' ! -path ./%s' "$k"; done) -print0 \
+  not_kept=()
+  for k in bench.md ab.md kernel_times.md sass_summary.txt profile.txt pytest.log; do not_kept+=(! -path "./$k"); done
+  ( cd "$OUT" && find . -type f ! -name '*.ncu-rep' "${not_kept[@]}" -print0 \
       | tar czf /tmp/fa-out-rest.tar.gz --null -T - \
-      && find . -type f ! -name rest.tar.gz $(for k in $keep; do printf ' ! -path ./%s' "$k"; done) -delete \
+      && find . -type f "${not_kept[@]}" -delete \
       && mv /tmp/fa-out-rest.tar.gz rest.tar.gz )
   find "$OUT" -type d -empty -delete 2>/dev/null
   echo "($files files in $OUT: all but the summaries are in $OUT/rest.tar.gz)"
