@@ -15,10 +15,9 @@ set(FA_KERNEL_TABLE
   "sm80|bwd|run_backward|BackwardParams"
 )
 set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
-# The Hopper family's native head dims, forward and backward (the backward has none for 256 yet:
-# that head dim's backward runs on the Ampere family).
+# The Hopper family's native head dims, forward and backward.
 set(FA_SM90_NATIVE_HEAD_DIMS 64 128 256)
-set(FA_SM90_BWD_NATIVE_HEAD_DIMS 64 128)
+set(FA_SM90_BWD_NATIVE_HEAD_DIMS 64 128 256)
 set(FA_SM90_HEAD_DIMS "")
 set(FA_SM90_BWD_HEAD_DIMS "")
 foreach(_hdim IN LISTS FA_HEAD_DIMS)

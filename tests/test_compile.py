@@ -76,7 +76,7 @@ def test_build_info():
         assert info["cuda_archs"] and info["head_dims"] and "sm80 fwd" in info["kernels"]
         assert ("sm90 fwd" in info["kernels"]) == ("90a" in info["cuda_archs"] and bool(info["sm90_head_dims"]))
         assert ("sm90 bwd" in info["kernels"]) == ("90a" in info["cuda_archs"] and bool(info["sm90_backward_head_dims"]))
-        assert set(info["sm90_backward_head_dims"]) <= set(info["sm90_head_dims"]) & {64, 128}
+        assert set(info["sm90_backward_head_dims"]) <= set(info["sm90_head_dims"]) & {64, 128, 256}
     else:
         assert info["no_cuda_reason"]
 

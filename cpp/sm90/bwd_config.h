@@ -6,6 +6,10 @@
 // so that each warpgroup's Pᵀ and dSᵀ accumulators are, once converted to fp16/bf16, the register
 // A operands of its own dV += Pᵀ dO and dK += dSᵀ Q (keys × head dim). dQ = dS K needs every key:
 // dSᵀ goes through shared memory and the two warpgroups split dQ's columns.
+//
+// Above head dim 128 (kSplitHeadDim) a CTA owns 64 keys and the warpgroups split the head dim
+// for dK, dV and dQ and the queries for Sᵀ and dPᵀ; Pᵀ goes through shared memory too, and dV
+// and dK read Pᵀ and dSᵀ from there (every query's, written by both warpgroups).
 #pragma once
 
 #include <type_traits>
@@ -31,7 +35,12 @@ struct BackwardConfig {
   static constexpr int kThreads = kMmaThreads + 128;  // + the producer warpgroup (one warp loads)
   static constexpr int kProducerRegisters = 24;
   static constexpr int kMmaRegisters = 240;
-  static_assert(kBlockN == 64 * kMmaWarpgroups, "64 keys per consumer warpgroup");
+  // Above head dim 128 the warpgroups split the head dim instead of the keys: 64 keys × D of dK
+  // and of dV per warpgroup would not fit in registers (2 × 128 fp32 a thread at D = 256). Each
+  // then holds dK, dV and dQ for half the head dim, computes Sᵀ and dPᵀ for half the queries, and
+  // Pᵀ joins dSᵀ in shared memory (dV and dK read both as shared-memory operands).
+  static constexpr bool kSplitHeadDim = kHeadDim > 128;
+  static_assert(kBlockN == (kSplitHeadDim ? 64 : 64 * kMmaWarpgroups), "64 keys per wgmma M");
   static_assert(kBlockM % 64 == 0 && kHeadDim % 64 == 0, "whole 128-byte swizzle rows");
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
@@ -53,19 +62,30 @@ struct BackwardConfig {
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::_2>{}));
   using SmemLayoutdS = TransposedLayout<SmemLayoutdSt>;
 
-  // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ: both operands in shared memory, warpgroups along the keys.
+  // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ: both operands in shared memory, warpgroups along the keys (or, split
+  // head dim, along the queries).
   using AlongM = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
+  using AlongN = cute::Layout<cute::Shape<cute::_1, cute::Int<kMmaWarpgroups>, cute::_1>>;
+  using ScoreWarpgroups = std::conditional_t<kSplitHeadDim, AlongN, AlongM>;
+  static constexpr int kScoreColumns = kSplitHeadDim ? kBlockM / kMmaWarpgroups : kBlockM;  // per warpgroup
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kBlockM>, cute::Int<kHeadDim>>>(),
-      AlongM{}));
-  // dV += Pᵀ dO, dK += dSᵀ Q: A from registers (the converted Sᵀ-shaped accumulators), B = dO or Q
-  // read as head dim × queries.
-  using TiledMmadKV = decltype(cute::make_tiled_mma(
+                                 cute::Shape<cute::_64, cute::Int<kScoreColumns>, cute::Int<kHeadDim>>>(),
+      ScoreWarpgroups{}));
+  // dV += Pᵀ dO, dK += dSᵀ Q, B = dO or Q read as head dim × queries. A from registers (the
+  // converted Sᵀ-shaped accumulators), or, split head dim, Pᵀ and dSᵀ from shared memory with the
+  // warpgroups along the head dim.
+  using TiledMmadKVKeys = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float,
                                  cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AlongM{}));
+  using TiledMmadKVSplit = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kHeadDim / kMmaWarpgroups>, cute::Int<kBlockM>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      AlongN{}));
+  using TiledMmadKV = std::conditional_t<kSplitHeadDim, TiledMmadKVSplit, TiledMmadKVKeys>;
   // dQ = dS K: dS and K both MN-major from shared memory. The warpgroups split the query rows
   // where there are 128 (wgmma N = the head dim), else the head dim (N = D / 2).
   static constexpr bool kdQAlongM = kBlockM >= 128;
@@ -75,7 +95,7 @@ struct BackwardConfig {
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::_64, cute::Int<kdQColumns>, cute::Int<kBlockN>>,
                                  cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
-      std::conditional_t<kdQAlongM, AlongM, cute::Layout<cute::Shape<cute::_1, cute::Int<kMmaWarpgroups>, cute::_1>>>{}));
+      std::conditional_t<kdQAlongM, AlongM, AlongN>{}));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
 
@@ -83,22 +103,36 @@ struct BackwardConfig {
   static constexpr int kRowBytes = kBlockM * sizeof(float);  // a tile's lse or delta values
   static constexpr int kKVBytes = kBlockN * kHeadDim * sizeof(Element);
   // Each warpgroup's share of the dQ tile (kBlockM · D / 2 fp32) in the order of its accumulator
-  // registers: see dq_staging_offset(). kdQStages buffers: a warpgroup's bulk reduction of one step
-  // may still be reading its buffer while the next step stages into the other.
+  // registers: see dq_staging_offset(). Staged in shared memory for the dQ writer's bulk
+  // reductions, kdQStages buffers (a warpgroup's reduction of one step may still be reading its
+  // buffer while the next step stages into the other); or, split head dim (kdQFromRegisters),
+  // added to the workspace straight from registers by 16-byte reductions: a staged tile is 64 KB
+  // there, which buys a second Q and dO stage instead, and saves the tile's trip through shared
+  // memory (written, then read by the reduction: 128 KB a step beside the GEMMs' operand reads).
   static constexpr int kdQWarpgroupFloats = kBlockM * kHeadDim / kMmaWarpgroups;
-  static constexpr int kdQStages = 2;
+  static constexpr bool kdQFromRegisters = kSplitHeadDim;
+  static constexpr int kdQStages = kdQFromRegisters ? 0 : 2;
   // Order of a step's last GEMMs: dQ before dK, so that dQ is staged while dK runs (measured
   // +2-4% at D = 128), or dK first and dQ staged after both (at kBlockM = 128 the other order has
   // dQ's accumulator live beside dSᵀ's registers and spills).
   static constexpr bool kDqBeforeDk = kBlockM < 128;
 
-  struct SharedStorage {
+  // Pᵀ in shared memory (split head dim only; laid out as dSᵀ, two buffers).
+  struct PtBuffer {
+    cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutdSt{}))::value, 1024> pt;
+  };
+  // dQ's staging buffers (not with kdQFromRegisters).
+  struct DqStaging {
+    cute::array_aligned<float, kdQStages * kMmaWarpgroups * kdQWarpgroupFloats, 128> dq;
+  };
+  static_assert(kdQFromRegisters == kSplitHeadDim, "one of the two buffers, as SharedStorage has it");
+
+  struct SharedStorage : std::conditional_t<kSplitHeadDim, PtBuffer, DqStaging> {
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutQ{}))::value, 1024> q;
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutQ{}))::value, 1024> dout;
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutKV{}))::value, 1024> k;
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutKV{}))::value, 1024> v;
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutdSt{}))::value, 1024> ds;
-    cute::array_aligned<float, kdQStages * kMmaWarpgroups * kdQWarpgroupFloats, 128> dq;
     cute::array_aligned<float, kStages * kBlockM, 128> lse_log2;  // with Q
     cute::array_aligned<float, kStages * kBlockM, 128> delta;     // with dO
     typename Pipeline::SharedStorage pipeline_q;
@@ -114,6 +148,10 @@ struct BackwardConfig {
   // store covers 512 contiguous bytes (no bank conflicts). The convert pass reads it back the same way.
   CUTE_HOST_DEVICE static constexpr int dq_staging_offset(int mma_tid, int i) {
     return (mma_tid / 128) * kdQWarpgroupFloats + ((i / 4) * 128 + mma_tid % 128) * 4 + i % 4;
+  }
+  // Step t's staging buffer (floats from the start of SharedStorage::dq).
+  CUTE_HOST_DEVICE static constexpr int dq_staging_buffer(int t) {
+    return (t % kdQStages) * kMmaWarpgroups * kdQWarpgroupFloats;
   }
 };
 

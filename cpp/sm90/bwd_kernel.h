@@ -14,7 +14,7 @@
 //   warpgroup 0, warp 0   producer (bwd_load.h): K, V once; Q + lse and dO + delta per step
 //                         through two kStages-deep pipelines. 24 registers a thread.
 //                warp 1   dQ writer (bwd_load.h): adds the consumers' staged dQ tiles to the
-//                         workspace by bulk reductions.
+//                         workspace by bulk reductions (not above head dim 128, see below).
 //   warpgroups 1, 2       consumers: 64 keys each for Sᵀ, dPᵀ, dV, dK; half of dQ's columns each.
 //                         240 registers a thread.
 // A step of a consumer warpgroup: issue Sᵀ and dPᵀ; Pᵀ once Sᵀ is done; issue dV += Pᵀ dO; dSᵀ
@@ -22,6 +22,13 @@
 // half (kdSFull); issue dQ = dS K and dK += dSᵀ Q (dK before the dSᵀ store where kDqBeforeDk is
 // false); once dQ is done, stage it in shared memory for the dQ writer (whose bulk reduction runs
 // on while the next steps compute); once dK is done, release Q and dO.
+//
+// Above head dim 128 (Config::kSplitHeadDim, 64 keys a CTA): the consumer warpgroups split the
+// queries for Sᵀ and dPᵀ and the head dim for dV, dK and dQ. A step: Sᵀ, dPᵀ (32 queries each);
+// Pᵀ and dSᵀ both to shared memory; after kdSFull, issue dQ, dV += Pᵀ dO and dK += dSᵀ Q (every
+// query, this warpgroup's 128 columns; Pᵀ and dSᵀ as shared-memory operands); once dQ is done, add
+// it to the workspace from registers (16-byte reductions: no dQ writer, no staging); once dK is
+// done, release Q and dO.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -86,7 +93,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
     if (warp == 0) BackwardLoad<Config, kCausal>::run(params, smem, pipeline_q, pipeline_do);
-    if (warp == 1) BackwardDqWriter<Config, kCausal>::run(p, smem, n_block, head_kv, batch);
+    if constexpr (!Config::kdQFromRegisters) {
+      if (warp == 1) BackwardDqWriter<Config, kCausal>::run(p, smem, n_block, head_kv, batch);
+    }
     return;
   }
 
@@ -148,25 +157,41 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto thr_copy_ds = copy_ds.get_thread_slice(mma_tid);
   Tensor tdSsdS = thr_copy_ds.partition_D(sdSt);      // (CPY, CPY_M, CPY_N, 2 buffers)
+  // Split head dim (bwd_config.h): Pᵀ and dSᵀ are dV's and dK's shared-memory A operands.
+  constexpr bool kSplit = Config::kSplitHeadDim;
+  Element* pt_data = nullptr;
+  if constexpr (kSplit) pt_data = smem.pt.data();
+  Tensor sPt = make_tensor(make_smem_ptr(pt_data), typename Config::SmemLayoutdSt{});
+  Tensor tPsP = thr_copy_ds.partition_D(sPt);          // (CPY, CPY_M, CPY_N, 2 buffers)
 
   typename Pipeline::PipelineState q_state, do_state;
   // Waited for even with no step: the epilogue reuses K's and V's buffers.
   cutlass::arch::ClusterBarrier::wait(&smem.kv_full, 0);
 
-  // dQ of a step: staged in shared memory (buffer t % kdQStages, once the dQ writer says that its
-  // reduction from kdQStages steps back has read it), then handed to the writer (bwd_load.h),
-  // which adds it to the workspace tile of (batch, head, m_block).
+  // dQ of a step, added to the workspace tile of (batch, head, m_block) in the layout of
+  // Config::dq_staging_offset: staged in shared memory (once the dQ writer says that its reduction
+  // from kdQStages steps back has read the buffer) and handed to the writer (bwd_load.h); or,
+  // kdQFromRegisters, by 16-byte reductions from registers (each warp's cover 512 contiguous bytes).
   auto add_dq = [&](int t, auto const& acc_dq) {
-    constexpr int kWriterThreads = BackwardDqWriter<Config, kCausal>::kBarrierThreads;
-    float* staging = smem.dq.data() + (t % Config::kdQStages) * Config::kMmaWarpgroups * Config::kdQWarpgroupFloats;
-    barrier_sync(BackwardBarrier::kdQEmpty, kWriterThreads, wg);
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dq); i += 4) {
-      *reinterpret_cast<float4*>(staging + Config::dq_staging_offset(mma_tid, i)) =
-          make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+    if constexpr (Config::kdQFromRegisters) {
+      float* tile = p.dq_accum + steps.workspace_row(p, seq, batch, t) * Config::kHeadDim;
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 4) {
+        atomicAdd(reinterpret_cast<float4*>(tile + Config::dq_staging_offset(mma_tid, i)),
+                  make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3)));
+      }
+    } else {
+      constexpr int kWriterThreads = BackwardDqWriter<Config, kCausal>::kBarrierThreads;
+      float* staging = smem.dq.data() + Config::dq_staging_buffer(t);
+      barrier_sync(BackwardBarrier::kdQEmpty, kWriterThreads, wg);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 4) {
+        *reinterpret_cast<float4*>(staging + Config::dq_staging_offset(mma_tid, i)) =
+            make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      }
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
+      barrier_arrive(BackwardBarrier::kdQFull, kWriterThreads, wg);
     }
-    cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
-    barrier_arrive(BackwardBarrier::kdQFull, kWriterThreads, wg);
   };
 
   for (int t = 0; t < steps.count; ++t) {
@@ -207,12 +232,14 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
     }
     Tensor rP = convert_fragment<Element>(acc_s);
-    Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
-    gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
+    if constexpr (!kSplit) {
+      Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
+    }
     if constexpr (kRowsEarly) read_columns(delta, row_delta);
 
     // dSᵀ = Pᵀ ∘ (dPᵀ - delta).
-    gemm_wait<1>(acc_dp);
+    gemm_wait<kSplit ? 0 : 1>(acc_dp);  // (dV, issued behind dPᵀ, may run on)
     auto dscores = rowcol_view(acc_dp);
     CUTE_UNROLL
     for (int c = 0; c < size<1>(dscores); ++c) {
@@ -222,22 +249,38 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
     }
     Tensor rdS = convert_fragment<Element>(acc_dp);
-    Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_a_operand(acc_dp.layout()));
-    auto dk_gemm = [&]() {
-      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdKrdS, tdKrQt(_, _, _, q_stage), acc_dk);
-    };
-    if constexpr (!Config::kDqBeforeDk) dk_gemm();
-
-    // dSᵀ to shared memory (buffer t % 2: its previous reader, step t - 2's dQ GEMM, finished
-    // before both warpgroups passed step t - 1's kdSFull), then dQ = dS K over all keys.
     const int ds_buffer = t % 2;
+    auto dk_gemm = [&]() {
+      if constexpr (kSplit) {
+        Tensor tdKrdSt = wg_dkv.partition_fragment_A(sdSt)(_, _, _, ds_buffer);
+        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrdSt, tdKrQt(_, _, _, q_stage), acc_dk);
+      } else {
+        Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_a_operand(acc_dp.layout()));
+        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdKrdS, tdKrQt(_, _, _, q_stage), acc_dk);
+      }
+    };
+    if constexpr (!kSplit && !Config::kDqBeforeDk) dk_gemm();
+
+    // dSᵀ (and, split head dim, Pᵀ) to shared memory (buffer t % 2: its previous readers, step
+    // t - 2's GEMMs, finished before both warpgroups passed step t - 1's kdSFull), then dQ = dS K
+    // over all keys.
     copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
+    if constexpr (kSplit) copy(copy_ds, thr_copy_ds.retile_S(rP), tPsP(_, _, _, ds_buffer));
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
     barrier_sync(BackwardBarrier::kdSFull, Config::kMmaThreads);
     Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQ{});
     Tensor tdQrdS_buffer = tdQrdS(_, _, _, ds_buffer);
     gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, tdQrKt, acc_dq);
-    if constexpr (Config::kDqBeforeDk) {
+    if constexpr (kSplit) {
+      // dV and dK over all queries from shared memory, behind dQ; dQ is staged while they run.
+      Tensor tdVrPt = wg_dkv.partition_fragment_A(sPt)(_, _, _, ds_buffer);
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdVrPt, tdVrdOt(_, _, _, do_stage), acc_dv);
+      dk_gemm();
+      gemm_wait<2>(acc_dq);
+      add_dq(t, acc_dq);
+      gemm_wait<0>(acc_dk);
+      warpgroup_fence_operand(acc_dv);
+    } else if constexpr (Config::kDqBeforeDk) {
       dk_gemm();
       gemm_wait<1>(acc_dq);  // dV and dQ done; dK runs on while dQ is staged
       add_dq(t, acc_dq);

@@ -124,8 +124,9 @@ struct BackwardLoad {
 // issue, and the workspace address is computed here. Per consumer warpgroup w, two named barriers
 // of its 128 threads and this warp:
 //   kdQFull + w   consumers arrive once their tile of step t is in shared memory; the writer waits;
-//   kdQEmpty + w  the writer arrives once the buffer of step t + 1 (the one step t - 1 used) has
-//                 been read by its reduction; the consumers wait before writing into it.
+//   kdQEmpty + w  the writer arrives once the buffer of step t + 1 (the one step t + 1 -
+//                 kdQStages used) has been read by its reduction; the consumers wait before
+//                 writing into it.
 template <class Config, bool kCausal>
 struct BackwardDqWriter {
   static constexpr int kBarrierThreads = 128 + 32;
@@ -141,15 +142,15 @@ struct BackwardDqWriter {
       for (int w = 0; w < kWarpgroups; ++w) barrier_arrive(BackwardBarrier::kdQEmpty, kBarrierThreads, w);
     }
     for (int t = 0; t < steps.count; ++t) {
-      const float* staging = smem.dq.data() + (t % Config::kdQStages) * kWarpgroups * kFloats;
+      const float* staging = smem.dq.data() + Config::dq_staging_buffer(t);
       float* tile = p.dq_accum + steps.workspace_row(p, seq, batch, t) * Config::kHeadDim;
       CUTE_UNROLL
       for (int w = 0; w < kWarpgroups; ++w) {
         barrier_sync(BackwardBarrier::kdQFull, kBarrierThreads, w);
         if (leader) {
           bulk_reduce_add(tile + w * kFloats, staging + w * kFloats, kFloats * int(sizeof(float)));
-          // Warpgroup w's reduction of step t - 1 has read its buffer once at most the newer ones
-          // (the other warpgroups' of step t - 1 and t, up to this one) are pending.
+          // Warpgroup w's reduction of step t + 1 - kdQStages has read its buffer once at most
+          // the newer ones (kWarpgroups a step since) are pending.
           bulk_reduce_wait_read<kWarpgroups * (Config::kdQStages - 1)>();
         }
         __syncwarp();
