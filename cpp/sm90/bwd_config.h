@@ -117,17 +117,19 @@ struct BackwardConfig {
   // dQ's accumulator live beside dSᵀ's registers and spills).
   static constexpr bool kDqBeforeDk = kBlockM < 128;
 
-  // Pᵀ in shared memory (split head dim only; laid out as dSᵀ, two buffers).
+  // The buffers only some configurations have, as base classes present or empty: Pᵀ (split head
+  // dim; laid out as dSᵀ, two buffers) and dQ's staging buffers (not with kdQFromRegisters).
   struct PtBuffer {
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutdSt{}))::value, 1024> pt;
   };
-  // dQ's staging buffers (not with kdQFromRegisters).
+  struct NoPtBuffer {};
   struct DqStaging {
     cute::array_aligned<float, kdQStages * kMmaWarpgroups * kdQWarpgroupFloats, 128> dq;
   };
-  static_assert(kdQFromRegisters == kSplitHeadDim, "one of the two buffers, as SharedStorage has it");
+  struct NoDqStaging {};
 
-  struct SharedStorage : std::conditional_t<kSplitHeadDim, PtBuffer, DqStaging> {
+  struct SharedStorage : std::conditional_t<kSplitHeadDim, PtBuffer, NoPtBuffer>,
+                         std::conditional_t<kdQFromRegisters, NoDqStaging, DqStaging> {
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutQ{}))::value, 1024> q;
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutQ{}))::value, 1024> dout;
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutKV{}))::value, 1024> k;
@@ -142,10 +144,11 @@ struct BackwardConfig {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kMaxSmemBytes, "tile does not fit in shared memory");
 
-  // Where value i of consumer thread mma_tid's dQ accumulator lies in the staging buffer (and in
-  // the workspace tile the buffer is added to): groups of 4 consecutive registers are 16-byte
-  // vectors, and the 128 threads of a warpgroup store theirs side by side, so each warp's vector
-  // store covers 512 contiguous bytes (no bank conflicts). The convert pass reads it back the same way.
+  // Where value i of consumer thread mma_tid's dQ accumulator lies in the staging buffer and in
+  // the workspace tile (which the buffer is added to, or kdQFromRegisters the registers are):
+  // groups of 4 consecutive registers are 16-byte vectors, and the 128 threads of a warpgroup
+  // store theirs side by side, so each warp's vector store or reduction covers 512 contiguous bytes
+  // (no bank conflicts in the buffer). The convert pass reads it back the same way.
   CUTE_HOST_DEVICE static constexpr int dq_staging_offset(int mma_tid, int i) {
     return (mma_tid / 128) * kdQWarpgroupFloats + ((i / 4) * 128 + mma_tid % 128) * 4 + i % 4;
   }
