@@ -2,7 +2,12 @@
 
 The criterion: fa's error against a float64 reference must be within 2x (plus a small absolute
 slack) of the error of PyTorch's own low-precision math path (the naive matmul-softmax-matmul in
-the input dtype) against the same reference, on the same inputs.
+the input dtype) against the same reference, on the same inputs. The slack is 1e-5 plus one unit in
+the last place of the largest reference value: both results are rounded to the input dtype at the
+end, and on small problems PyTorch's path can land every element on its nearest neighbour, so that
+its maximum error is a fraction of an ulp, while fa rounds one element's last bit the other way
+(a CI run saw dk off by 1 ulp at |dk| > 4 against PyTorch's 1/4 ulp on a 2 x 3 x 17 x 32 problem).
+A wrong tile, mask or scale errs by far more than one ulp.
 """
 
 import math
@@ -80,13 +85,24 @@ def max_err(x, ref):
     return (x.double() - ref.double()).abs().max().item() if x.numel() else 0.0
 
 
+def last_place(value, dtype):
+    """One unit in the last place of `value` (>= 0) in the floating-point `dtype`."""
+    if not value > 0 or not math.isfinite(value):
+        return 0.0
+    info = torch.finfo(dtype)
+    return info.eps * 2.0 ** max(math.floor(math.log2(value)), math.log2(info.smallest_normal))
+
+
 def assert_within_lowp_error(name, got, ref, lowp):
-    """|got - ref| within 2x PyTorch's low-precision |lowp - ref| (plus slack); no NaN."""
+    """|got - ref| within 2x PyTorch's low-precision |lowp - ref| plus 1e-5 and one ulp of the
+    largest |ref| in got's dtype; no NaN."""
     assert not torch.isnan(got).any(), f"{name}: NaN in the output"
     err, lowp_err = max_err(got, ref), max_err(lowp, ref)
-    assert err <= 2 * lowp_err + ABS_SLACK, (
+    largest = ref.abs().max().item() if ref.numel() else 0.0
+    slack = ABS_SLACK + last_place(largest, got.dtype)
+    assert err <= 2 * lowp_err + slack, (
         f"{name}: max error {err:.3e} vs float64, more than 2x PyTorch's "
-        f"{lowp.dtype} math path ({lowp_err:.3e})"
+        f"{lowp.dtype} math path ({lowp_err:.3e}) plus {slack:.3e}"
     )
 
 

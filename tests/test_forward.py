@@ -26,6 +26,18 @@ def check_forward(q, k, v, causal, scale=None):
     return out, lse
 
 
+
+def test_accuracy_criterion_allows_one_last_bit():
+    # The criterion itself (helpers.py): a result one ulp of the largest value off passes even when
+    # PyTorch's path is exact; two ulps off does not, nor an error of the kind a bug makes.
+    ref = torch.tensor([4.25, -1.5, 0.125], dtype=torch.float64)
+    lowp = ref.to(torch.float16)  # exact
+    ulp = 2.0 ** -8  # float16 in [4, 8)
+    assert_within_lowp_error("one ulp", (ref + torch.tensor([ulp, 0, 0])).half(), ref, lowp)
+    for wrong in (torch.tensor([2 * ulp, 0, 0]), torch.tensor([0, 0.01, 0])):
+        with pytest.raises(AssertionError, match="max error"):
+            assert_within_lowp_error("wrong", (ref + wrong).half(), ref, lowp)
+
 # (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim)
 SHAPES = [
     (1, 1, 1, 1, 1, 64),
