@@ -1,8 +1,9 @@
-"""The Hopper backward's tile order covers every key tile once, longest first when causal (host-side).
+"""The Hopper family's tile orders cover every tile once, longest first when causal (host-side).
 
-tests/cpp/backward_tile_order.cu evaluates sm90/tile_scheduler.h's BackwardTileOrder on the CPU
-for the benchmark's shapes and some ragged ones (a last section narrower than the others, sections
-of one pair). It needs nvcc and the CUTLASS headers, not a GPU.
+tests/cpp/tile_order.cu evaluates sm90/tile_scheduler.h's BackwardTileOrder (the backward's key
+tiles) and TileScheduler (the forward's query tiles) on the CPU for the benchmark's shapes and
+some ragged ones (a last section narrower than the others, sections of one pair). It needs nvcc
+and the CUTLASS headers, not a GPU.
 """
 
 import pytest
@@ -11,7 +12,8 @@ from host_checks import MISSING, MISSING_REASON, run_host_check
 
 
 @pytest.mark.skipif(MISSING, reason=MISSING_REASON)
-def test_backward_tile_order(tmp_path):
-    run = run_host_check("backward_tile_order", tmp_path)
-    assert "causal 1:    4096 tiles, section 8" in run.stdout  # (2, 64, 4096, 128): 4 MB a pair
+def test_tile_orders(tmp_path):
+    run = run_host_check("tile_order", tmp_path)
+    assert "causal 1:    4096 tiles, section 8" in run.stdout  # backward (2, 64, 4096, 128): 4 MB a pair
+    assert "forward m_blocks   32 heads  16 batch  8 causal 1:    4096 tiles, section 16" in run.stdout
     assert run.returncode == 0 and run.stdout.strip().endswith("ok")

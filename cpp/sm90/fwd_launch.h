@@ -99,8 +99,10 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   // Causal tiles differ in length, and so do a varlen batch's: CTAs then take tiles from a counter.
   const bool dynamic = kCausal || p.cu_seqlens_q != nullptr;
   const int m_blocks = (p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
+  const int64_t kv_bytes_per_head =
+      2ll * p.seqlen_k * Config::kHeadDim * sizeof(Element) / (p.heads_q / p.heads_kv);
   Params params{p,
-                TileScheduler::make_params(m_blocks, p.heads_q, p.batch, kCausal,
+                TileScheduler::make_params(m_blocks, p.heads_q, p.batch, kCausal, kv_bytes_per_head,
                                            dynamic ? p.tile_counter : nullptr),
                 tma_q, tma_k, tma_v, tma_o};
 

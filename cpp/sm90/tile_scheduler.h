@@ -10,12 +10,16 @@
 //   moment are then always about gridDim.x consecutive ones of the order (below), and no CTA idles
 //   while another still has a queue of long tiles.
 //
-// The order: (batch, head) pairs one after the other, and within each pair its query tiles, from
-// the last to the first when `longest_first` (causal attention, where the last query tiles see the
-// most keys). The tiles running at one time are then consecutive query tiles of one or a few heads,
+// The order, not causal: (batch, head) pairs one after the other, and within each pair its query
+// tiles. The tiles running at one time are then consecutive query tiles of one or a few heads,
 // which read the same K and V at about the same time: those reads come from L2. (Measured on H100,
-// benchmarks/NOTES.md: interleaving the tiles of several heads, sized so that their K and V fit in
-// L2, was up to 12% slower.)
+// benchmarks/NOTES.md: interleaving the tiles of several heads there was up to 12% slower.)
+// Causal (`longest_first`: the last query tiles see the most keys): longest first within sections
+// of `section` (batch, head) pairs whose K and V fit in L2 together (Sections, below): the
+// section's last query tiles, then its second-to-last ones, and so on. One head at a time would
+// hand out each head's longest tile just ~m_blocks tiles before the end, and the CTA that takes the
+// last head's runs on while the others idle (simulated: 3–4% of the time from 2048 to 8192 rows,
+// 26% at (1, 64, 1024); with sections of 4 or more heads 0–1% and 3%).
 //
 // Varlen batches keep this shape: the order covers the longest sequence's query tiles for every
 // sequence, and each role skips a tile that lies past its sequence's rows (common/sequence.h).
@@ -40,6 +44,34 @@ struct WorkTile {
   int batch;
 };
 
+// An order over `units` units (the forward's (batch, head) pairs, the backward's (batch, kv head)
+// pairs) of `per_unit` tiles each, in sections of `section` consecutive units whose tiles are
+// interleaved: the section's rank-0 tiles of each unit, then its rank-1 tiles, and so on; the last
+// section may be narrower. section = 1: one unit's tiles after the other's.
+struct Sections {
+  int per_unit = 0;
+  int units = 0;
+  int section = 1;
+
+  // The largest power of two (measured faster by FA3's authors) of units, at most `units`, whose
+  // units' bytes fit in `budget` together; 1 if even two do not.
+  static int size_for(int units, int64_t unit_bytes, int64_t budget) {
+    int section = 1;
+    while (2 * section <= units && 2 * section * unit_bytes <= budget) section *= 2;
+    return section;
+  }
+
+  // Tile i of the order: its rank within its unit, and the unit.
+  CUTE_HOST_DEVICE void locate(int i, int& rank, int& unit) const {
+    const int per_section = section * per_unit;
+    const int first = i / per_section * section;  // the section's first unit
+    const int width = section < units - first ? section : units - first;
+    const int r = i - first * per_unit;
+    rank = r / width;
+    unit = first + (r - rank * width);
+  }
+};
+
 struct TileScheduler {
   struct Params {
     int m_blocks = 0;  // query tiles per (batch, head)
@@ -47,16 +79,26 @@ struct TileScheduler {
     int batch = 0;
     int total = 0;     // m_blocks · heads · batch
     bool longest_first = false;
+    Sections order;    // units: (batch, head) pairs as batch · heads + head
     int* counter = nullptr;  // dynamic scheduling: tiles gridDim.x, gridDim.x + 1, … are handed out from it
   };
 
-  static Params make_params(int m_blocks, int heads, int batch, bool longest_first, int* counter) {
+  // Causal sections: what one query head streams through L2 is its share of its kv head's K and V
+  // (kv_bytes_per_head: K and V of one query head, divided among the query heads that share them);
+  // the sections fill at most kL2Budget of the H100's 50 MB (FA3's choice for its K and V).
+  static constexpr int64_t kL2Budget = 32ll << 20;
+
+  static Params make_params(int m_blocks, int heads, int batch, bool longest_first, int64_t kv_bytes_per_head,
+                            int* counter) {
     Params p;
     p.m_blocks = m_blocks;
     p.heads = heads;
     p.batch = batch;
     p.total = m_blocks * heads * batch;
     p.longest_first = longest_first;
+    p.order.per_unit = m_blocks;
+    p.order.units = heads * batch;
+    p.order.section = longest_first ? Sections::size_for(p.order.units, kv_bytes_per_head, kL2Budget) : 1;
     p.counter = counter;
     return p;
   }
@@ -77,9 +119,9 @@ struct TileScheduler {
     return p.counter == nullptr ? t + static_cast<int>(gridDim.x) : handoff.receive();
   }
 
-  CUTE_DEVICE static WorkTile tile(const Params& p, int t) {
-    const int bh = t / p.m_blocks;  // (batch, head) pairs as batch·heads + head
-    const int m_rank = t - bh * p.m_blocks;
+  CUTE_HOST_DEVICE static WorkTile tile(const Params& p, int t) {
+    int m_rank, bh;
+    p.order.locate(t, m_rank, bh);
     WorkTile w;
     w.m_block = p.longest_first ? p.m_blocks - 1 - m_rank : m_rank;
     w.batch = bh / p.heads;
@@ -128,32 +170,27 @@ struct BackwardTileOrder {
     int batch;
   };
 
-  int n_blocks = 0;  // key tiles per (batch, kv head)
-  int heads = 0;     // kv heads
-  int units = 0;     // (batch, kv head) pairs
-  int section = 1;   // pairs whose tiles are interleaved (a power of two: measured faster by FA3's authors)
+  int heads = 0;   // kv heads
+  Sections order;  // units: (batch, kv head) pairs, key tiles per unit
 
   // unit_bytes: what one (batch, kv head) streams through L2 (Q, dO and the dQ workspace of its
   // query heads); l2_budget: how much of L2 the sections may fill.
   static BackwardTileOrder make(int n_blocks, int heads, int batch, bool causal, int64_t unit_bytes,
                                 int64_t l2_budget) {
     BackwardTileOrder o;
-    o.n_blocks = n_blocks;
     o.heads = heads;
-    o.units = heads * batch;
-    while (causal && 2 * o.section <= o.units && 2 * o.section * unit_bytes <= l2_budget) o.section *= 2;
+    o.order.per_unit = n_blocks;
+    o.order.units = heads * batch;
+    o.order.section = causal ? Sections::size_for(o.order.units, unit_bytes, l2_budget) : 1;
     return o;
   }
 
-  int64_t size() const { return int64_t(n_blocks) * units; }
+  int64_t size() const { return int64_t(order.per_unit) * order.units; }
 
   CUTE_HOST_DEVICE Tile tile(int i) const {
-    const int per_section = section * n_blocks;
-    const int first = i / per_section * section;  // the section's first (batch, head) pair
-    const int width = section < units - first ? section : units - first;  // the last may be narrower
-    const int rank = i % per_section;
-    const int unit = first + rank % width;
-    return {rank / width, unit % heads, unit / heads};
+    int rank, unit;
+    order.locate(i, rank, unit);
+    return {rank, unit % heads, unit / heads};
   }
 };
 
