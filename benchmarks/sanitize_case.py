@@ -1,5 +1,6 @@
 """Small odd-length cases for compute-sanitizer (memcheck, racecheck, synccheck), in three parts;
-`python sanitize_case.py [dense] [varlen] [kvcache]` runs the parts named (all without arguments).
+`python sanitize_case.py [dense] [varlen] [kvcache]` runs the parts named (all without arguments;
+`forward` is dense's forward calls alone, for a change that touches only the forward kernels).
 
 dense: the kernels of every head dim fa instantiates (32, 64, 96, 128, 256), forward and backward,
 causal and not, with sequence tails, key-tile counts odd and even (the D = 128 Ampere forward's two
@@ -23,18 +24,19 @@ parts = sys.argv[1:] or ["dense", "varlen", "kvcache"]
 families = fa.build_info()["device_kernel_families"]
 
 
-def dense():
+def dense(backward=True):
     for family in families:
         os.environ["FA_KERNEL_FAMILY"] = family
         for causal in (False, True):
             for (b, sq, sk, d) in ((1, 77, 133, 64), (1, 130, 61, 40), (1, 77, 133, 128), (1, 130, 61, 104),
                                    (1, 77, 133, 96), (1, 130, 61, 32), (1, 77, 133, 256), (8, 700, 300, 128)):
-                q = torch.randn(b, 4, sq, d, device="cuda", dtype=torch.float16, requires_grad=True)
-                k = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=True)
-                v = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=True)
+                q = torch.randn(b, 4, sq, d, device="cuda", dtype=torch.float16, requires_grad=backward)
+                k = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=backward)
+                v = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=backward)
                 out = fa.attention(q, k, v, causal=causal)
-                out.backward(torch.randn_like(out))
-        print(f"sanitize case done: dense, {family}")
+                if backward:
+                    out.backward(torch.randn_like(out))
+        print(f"sanitize case done: {'dense' if backward else 'forward'}, {family}")
 
 
 def varlen():
@@ -71,5 +73,5 @@ def kvcache():
 
 
 for part in parts:
-    {"dense": dense, "varlen": varlen, "kvcache": kvcache}[part]()
+    {"dense": dense, "forward": lambda: dense(backward=False), "varlen": varlen, "kvcache": kvcache}[part]()
 torch.cuda.synchronize()

@@ -11,6 +11,8 @@ the first S GEMM without an O GEMM beside it, the last O GEMM without a softmax,
 the scheduler's hand-over) and the launch, as many keys' worth of steady-state time. A causal
 query tile sees half the keys of a non-causal one on average, so the same intercept weighs
 twice as much there. Times: triton.testing.do_bench (CUDA events, median of warmed-up repeats).
+The intercept is a small difference of large times: single runs have read it negative
+(benchmarks/NOTES.md); compare implementations over repeated runs.
 """
 
 import argparse

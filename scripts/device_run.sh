@@ -25,7 +25,8 @@
 #   --tests "…"  pytest arguments (default: the whole suite); "skip" to skip
 #   --bench "…"  benchmarks/bench.py arguments (default: the default suite); "skip" to skip
 #   --sanitize   compute-sanitizer memcheck, racecheck and synccheck on a small odd-length case
-#   --sanitize-parts "…"  which parts of benchmarks/sanitize_case.py (dense varlen kvcache; default all)
+#   --sanitize-parts "…"  which parts of benchmarks/sanitize_case.py (dense forward varlen kvcache;
+#                default: dense varlen kvcache)
 #   --sanitize-tools "…"  which tools (default: memcheck racecheck synccheck)
 #   --sass       dump the SASS of the fa library and count matrix instructions and spills
 #   --sweep "…"  run benchmarks/tile_sweep.cu on each "B H S causal [D]" case (';'-separated): the
