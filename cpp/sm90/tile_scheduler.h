@@ -18,8 +18,10 @@
 // of `section` (batch, head) pairs whose K and V fit in L2 together (Sections, below): the
 // section's last query tiles, then its second-to-last ones, and so on. One head at a time would
 // hand out each head's longest tile just ~m_blocks tiles before the end, and the CTA that takes the
-// last head's runs on while the others idle (simulated: 3–4% of the time from 2048 to 8192 rows,
-// 26% at (1, 64, 1024); with sections of 4 or more heads 0–1% and 3%).
+// last head's runs on while the others idle (benchmarks/schedule_sim.py: 3–4% of the time from
+// 2048 to 8192 rows, 26% at (1, 64, 1024); with sections of 4 or more heads 0–1% and 3%).
+// Measured (benchmarks/NOTES.md): (1, 64, 1024, 128) causal 4–5% faster, the long causal rows
+// within ±1% of the one-head order.
 //
 // Varlen batches keep this shape: the order covers the longest sequence's query tiles for every
 // sequence, and each role skips a tile that lies past its sequence's rows (common/sequence.h).
