@@ -272,7 +272,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     Tensor tdQrdS_buffer = tdQrdS(_, _, _, ds_buffer);
     gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, tdQrKt, acc_dq);
     if constexpr (kSplit) {
-      // dV and dK over all queries from shared memory, behind dQ; dQ is staged while they run.
+      // dV and dK over all queries from shared memory, behind dQ; dQ is added to the workspace
+      // from registers while they run.
       Tensor tdVrPt = wg_dkv.partition_fragment_A(sPt)(_, _, _, ds_buffer);
       gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdVrPt, tdVrdOt(_, _, _, do_stage), acc_dv);
       dk_gemm();
