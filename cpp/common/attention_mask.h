@@ -58,6 +58,21 @@ struct AttentionMask {
     }
   }
 
+  // The same on rows × columns views (each row of coords holds one query row): each row's first
+  // hidden key is found once, then each score costs one compare and one select.
+  template <class Scores, class Coords>
+  CUTE_DEVICE void apply_rows(Scores& scores, Coords const& coords, int row0, int key0) const {
+    CUTE_UNROLL
+    for (int r = 0; r < cute::size<0>(scores); ++r) {
+      int end = seqlen_k - key0;  // the row sees the tile's columns [0, end)
+      if constexpr (kCausal) end = cute::min(end, row0 + cute::get<0>(coords(r, 0)) + diagonal + 1 - key0);
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(scores); ++c) {
+        if (cute::get<1>(coords(r, c)) >= end) scores(r, c) = -INFINITY;
+      }
+    }
+  }
+
   // The same for a transposed tile (keys × rows: the Hopper backward's Sᵀ); coords give (key, row).
   template <class Scores, class Coords>
   CUTE_DEVICE void apply_transposed(Scores& scores, Coords const& coords, int row0, int key0) const {

@@ -35,6 +35,7 @@
 
 #include <cute/config.hpp>
 #include <cute/arch/cluster_sm90.hpp>
+#include <cutlass/fast_math.h>
 
 #include "sm90/named_barriers.h"
 
@@ -53,7 +54,23 @@ struct WorkTile {
 struct Sections {
   int per_unit = 0;
   int units = 0;
-  int section = 1;
+  int section = 1;  // a power of two
+  int section_log2 = 0;
+  // Divisions by runtime values, precomputed on the host (a multiply-high and a shift on the GPU
+  // instead of a ~20-instruction integer division; every role decodes a tile index at each tile).
+  cutlass::FastDivmod per_section_divmod;  // section · per_unit
+  cutlass::FastDivmod last_width_divmod;   // the last section's width, where it is narrower
+
+  static Sections make(int per_unit, int units, int section) {
+    Sections s;
+    s.per_unit = per_unit;
+    s.units = units;
+    s.section = section;
+    while ((1 << s.section_log2) < section) ++s.section_log2;
+    s.per_section_divmod = cutlass::FastDivmod(std::max(1, section * per_unit));
+    s.last_width_divmod = cutlass::FastDivmod(std::max(1, units % section));
+    return s;
+  }
 
   // The largest power of two (measured faster by FA3's authors) of units, at most `units`, whose
   // units' bytes fit in `budget` together; 1 if even two do not.
@@ -65,23 +82,26 @@ struct Sections {
 
   // Tile i of the order: its rank within its unit, and the unit.
   CUTE_HOST_DEVICE void locate(int i, int& rank, int& unit) const {
-    const int per_section = section * per_unit;
-    const int first = i / per_section * section;  // the section's first unit
-    const int width = section < units - first ? section : units - first;
-    const int r = i - first * per_unit;
-    rank = r / width;
-    unit = first + (r - rank * width);
+    int s, r;
+    per_section_divmod(s, r, i);  // section s; r: the tile's place in it
+    const int first = s << section_log2;  // the section's first unit
+    if (first + section <= units) {
+      rank = r >> section_log2;
+      unit = first + (r & (section - 1));
+    } else {  // the last section, narrower than the others
+      int within;
+      last_width_divmod(rank, within, r);
+      unit = first + within;
+    }
   }
 };
 
 struct TileScheduler {
   struct Params {
-    int m_blocks = 0;  // query tiles per (batch, head)
-    int heads = 0;
-    int batch = 0;
-    int total = 0;     // m_blocks · heads · batch
+    int total = 0;  // query tiles · heads · batch
     bool longest_first = false;
-    Sections order;    // units: (batch, head) pairs as batch · heads + head
+    Sections order;  // units: (batch, head) pairs as batch · heads + head; per_unit: query tiles
+    cutlass::FastDivmod heads_divmod;  // a unit's batch and head
     int* counter = nullptr;  // dynamic scheduling: tiles gridDim.x, gridDim.x + 1, … are handed out from it
   };
 
@@ -93,14 +113,12 @@ struct TileScheduler {
   static Params make_params(int m_blocks, int heads, int batch, bool longest_first, int64_t kv_bytes_per_head,
                             int* counter) {
     Params p;
-    p.m_blocks = m_blocks;
-    p.heads = heads;
-    p.batch = batch;
     p.total = m_blocks * heads * batch;
     p.longest_first = longest_first;
-    p.order.per_unit = m_blocks;
-    p.order.units = heads * batch;
-    p.order.section = longest_first ? Sections::size_for(p.order.units, kv_bytes_per_head, kL2Budget) : 1;
+    const int units = heads * batch;
+    p.order = Sections::make(m_blocks, units,
+                             longest_first ? Sections::size_for(units, kv_bytes_per_head, kL2Budget) : 1);
+    p.heads_divmod = cutlass::FastDivmod(std::max(1, heads));
     p.counter = counter;
     return p;
   }
@@ -125,9 +143,8 @@ struct TileScheduler {
     int m_rank, bh;
     p.order.locate(t, m_rank, bh);
     WorkTile w;
-    w.m_block = p.longest_first ? p.m_blocks - 1 - m_rank : m_rank;
-    w.batch = bh / p.heads;
-    w.head = bh - w.batch * p.heads;
+    w.m_block = p.longest_first ? p.order.per_unit - 1 - m_rank : m_rank;
+    p.heads_divmod(w.batch, w.head, bh);
     return w;
   }
 };
@@ -181,9 +198,8 @@ struct BackwardTileOrder {
                                 int64_t l2_budget) {
     BackwardTileOrder o;
     o.heads = heads;
-    o.order.per_unit = n_blocks;
-    o.order.units = heads * batch;
-    o.order.section = causal ? Sections::size_for(o.order.units, unit_bytes, l2_budget) : 1;
+    const int units = heads * batch;
+    o.order = Sections::make(n_blocks, units, causal ? Sections::size_for(units, unit_bytes, l2_budget) : 1);
     return o;
   }
 

@@ -121,6 +121,11 @@ int main() {
     check_forward(5, 3, 7, causal, 3 * mb);      // 21 pairs: sections of 8, the last of 5
     check_forward(3, 1, 1, causal, 1 * mb);      // one pair
     check_forward(7, 2, 3, causal, 64 * mb);     // no two pairs fit: sections of 1
+    // Divisors the precomputed divisions (cutlass::FastDivmod) must get right: odd, large, one.
+    check_forward(1023, 7, 5, causal, mb / 8);   // sections of 32 over 35 pairs, the last of 3
+    check_forward(1, 96, 3, causal, 4 * mb);     // one query tile a pair: sections of 8
+    check_forward(333, 1, 97, causal, mb / 4);   // 97 pairs of one head, sections of 64 and 33
+    check(1001, 13, 1, causal, 2 * mb, budget);  // 13 pairs: sections of 8, the last of 5
   }
   std::printf(failures ? "%d failures\n" : "ok\n", failures);
   return failures ? 1 : 0;
