@@ -6,8 +6,9 @@ dense: the kernels of every head dim fa instantiates (32, 64, 96, 128, 256), for
 causal and not, with sequence tails, key-tile counts odd and even (the D = 128 Ampere forward's two
 K/V buffers alternate), and head dims between the kernels' (40 runs on 64, 104 on 128); forward and
 backward once per kernel family the GPU can run (FA_KERNEL_FAMILY), including a causal case with
-rows that see no key, a persistent grid that gives a CTA several tiles, and a backward whose key
-tiles walk many query tiles of each head of a GQA group.
+rows that see no key, a persistent grid that gives a CTA several tiles, a backward whose key tiles
+walk many query tiles of each head of a GQA group, and 8269 keys at head dim 128 (the Hopper
+forward's wide key tile, non-causal, with a partial last tile).
 varlen: a variable-length batch (fa.attention_varlen) with empty sequences on either side,
 one-row and odd-length ones, Sq != Sk per sequence, on each family.
 kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 and 256, a shuffled
@@ -29,7 +30,8 @@ def dense(backward=True):
         os.environ["FA_KERNEL_FAMILY"] = family
         for causal in (False, True):
             for (b, sq, sk, d) in ((1, 77, 133, 64), (1, 130, 61, 40), (1, 77, 133, 128), (1, 130, 61, 104),
-                                   (1, 77, 133, 96), (1, 130, 61, 32), (1, 77, 133, 256), (8, 700, 300, 128)):
+                                   (1, 77, 133, 96), (1, 130, 61, 32), (1, 77, 133, 256), (8, 700, 300, 128),
+                                   (1, 33, 8269, 128)):
                 q = torch.randn(b, 4, sq, d, device="cuda", dtype=torch.float16, requires_grad=backward)
                 k = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=backward)
                 v = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=backward)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fa
-from helpers import assert_within_lowp_error, naive_attention, poison_cuda_allocator, random_qkv
+from helpers import assert_within_lowp_error, kernel_names, naive_attention, poison_cuda_allocator, random_qkv
 
 
 def run_forward(q, k, v, causal=False, scale=None):
@@ -148,6 +148,29 @@ def test_causal_is_bottom_right_aligned(device):
     torch.testing.assert_close(out[:, :, -1], full[:, :, -1])
     first, _ = torch.ops.fa.forward(q[:, :, :1], k[:, :, :6], v[:, :, :6], None, False)
     torch.testing.assert_close(out[:, :, :1], first, atol=1e-3, rtol=1e-3)
+
+
+# From 8192 keys the Hopper forward at head dim 128 (non-causal) runs on a wider key tile
+# (sm90/fwd_launch.h, LongKeyTile): a partial last tile (8269 keys), exactly 8192 with GQA and
+# Sq != Sk, and 8191 (the other tile) beside them.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", [(1, 2, 2, 17, 8269, 128), (1, 4, 2, 300, 8192, 128), (2, 2, 2, 129, 8191, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_long_key_sequences(device, shape, dtype):
+    if device == "cpu":
+        pytest.skip("long sequences: CUDA only (the CPU path is a plain loop)")
+    q, k, v = random_qkv(*shape, dtype, device)
+    check_forward(q, k, v, causal=False)
+
+
+@pytest.mark.parametrize("seqlen_k", [8191, 8192])
+def test_long_keys_take_the_wide_tile(family, seqlen_k):
+    q, k, v = random_qkv(1, 2, 2, 64, seqlen_k, 128, torch.float16, "cuda")
+    names = kernel_names(lambda: torch.ops.fa.forward(q, k, v, None, False))
+    forward = [n for n in names if "forward_kernel" in n]
+    wide = any("128, 128, 176" in n or "Li128ELi128ELi176E" in n for n in forward)
+    expected = family == "sm90" and 128 in fa.build_info()["sm90_head_dims"] and seqlen_k >= 8192
+    assert forward and wide == expected, names
 
 
 @pytest.mark.parametrize(

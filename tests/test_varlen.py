@@ -86,6 +86,16 @@ def test_forward_long_odd_lengths(device):
     check_forward(q, k, v, lengths, lengths, causal=False)
 
 
+def test_forward_long_keys(device):
+    # A longest sequence of 8192 keys or more takes the Hopper forward's wider key tile at head
+    # dim 128 (non-causal; sm90/fwd_launch.h): every sequence of the batch runs on it.
+    if device == "cpu":
+        pytest.skip("long sequences: CUDA only (the CPU path is a plain loop)")
+    lengths_q, lengths_k = [100, 1, 0, 333], [8300, 50, 7, 9001]
+    q, k, v = packed_qkv(lengths_q, lengths_k, 4, 2, 128, torch.bfloat16, device)
+    check_forward(q, k, v, lengths_q, lengths_k, causal=False)
+
+
 def test_max_seqlen_may_exceed_the_longest(device):
     q, k, v = packed_qkv(LENGTHS_Q, LENGTHS_K, 2, 2, 64, torch.float16, device)
     check_forward(q, k, v, LENGTHS_Q, LENGTHS_K, causal=True, max_extra=300)

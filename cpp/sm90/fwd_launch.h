@@ -23,7 +23,8 @@ namespace fa::sm90 {
 // one's softmax (at D = 64 the GEMMs are short next to the softmax). Wider key tiles amortise each
 // step's softmax and barriers over more tensor-core work; causal tiles stay narrower, since every
 // query tile's diagonal tile is masked and partly wasted. D = 128: 128 × 160 (the widest whose Q, K/V stages and separate output tile
-// fit in 224 KB) measured slower than 128 × 128, which also divides the usual sequence lengths.
+// fit in 224 KB) measured slower than 128 × 128, which also divides the usual sequence lengths
+// (128 × 176 serves long key sequences: LongKeyTile below).
 // D = 256: 128 × 80 with two stages fills shared memory (the output tile then reuses Q's buffer).
 template <int kHeadDim, bool kCausal>
 struct ForwardTile;
@@ -46,6 +47,19 @@ struct ShortQueryTile {
 };
 template <> struct ShortQueryTile<64, true> {
   static constexpr int kBelowRows = 2048, kBlockM = 128, kBlockN = 128, kStages = 2;
+};
+
+// A second tile for long key sequences, where a wider key tile spreads each step's softmax and
+// barriers over more tensor-core work and its last, partial tile costs little: D = 128 non-causal
+// takes 128 × 176 (FA3's non-causal tile; Q, two K/V stages and the output do not fit together,
+// so the output is staged in Q's buffer) from 8192 keys on. Measured (benchmarks/NOTES.md, session
+// 14, A/B on one H100): 2-3% faster at 8192-32768 keys, 6% slower at 4096 (bf16; 23.3 tiles of 176).
+template <int kHeadDim, bool kCausal>
+struct LongKeyTile {
+  static constexpr int kFromKeys = 0;  // none
+};
+template <> struct LongKeyTile<128, false> {
+  static constexpr int kFromKeys = 8192, kBlockM = 128, kBlockN = 176, kStages = 2;
 };
 
 template <class Element, int kHeadDim, bool kCausal>
@@ -123,6 +137,13 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
     if (params.seqlen_q < Short::kBelowRows) {
       using ShortConfig = ForwardConfig<Element, kHeadDim, Short::kBlockM, Short::kBlockN, Short::kStages>;
       return launch_forward<ShortConfig, kCausal>(params, stream);
+    }
+  }
+  using Long = LongKeyTile<kHeadDim, kCausal>;
+  if constexpr (Long::kFromKeys > 0) {
+    if (params.seqlen_k >= Long::kFromKeys) {  // a varlen batch's max_seqlen_k
+      using LongConfig = ForwardConfig<Element, kHeadDim, Long::kBlockM, Long::kBlockN, Long::kStages>;
+      return launch_forward<LongConfig, kCausal>(params, stream);
     }
   }
   return launch_forward<ForwardConfigFor<Element, kHeadDim, kCausal>, kCausal>(params, stream);
