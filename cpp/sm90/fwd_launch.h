@@ -62,10 +62,9 @@ template <> struct LongKeyTile<128, false> {
   static constexpr int kFromKeys = 8192, kBlockM = 128, kBlockN = 176, kStages = 2;
 };
 
-template <class Element, int kHeadDim, bool kCausal>
-using ForwardConfigFor =
-    ForwardConfig<Element, kHeadDim, ForwardTile<kHeadDim, kCausal>::kBlockM,
-                  ForwardTile<kHeadDim, kCausal>::kBlockN, ForwardTile<kHeadDim, kCausal>::kStages>;
+// The configuration of one of the tiles above.
+template <class Element, int kHeadDim, class Tile>
+using ForwardConfigOf = ForwardConfig<Element, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kStages>;
 
 // A (B, H, S, D) tensor as TMA sees it: (S, D, H, B), D contiguous. A mode of extent 1 is never
 // stepped along, so its stride (which the caller may leave at any value) is replaced by one TMA
@@ -133,20 +132,18 @@ template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
   using Element = cutlass_element_t<ElementTag>;
   using Short = ShortQueryTile<kHeadDim, kCausal>;
+  using Long = LongKeyTile<kHeadDim, kCausal>;
   if constexpr (Short::kBelowRows > 0) {
     if (params.seqlen_q < Short::kBelowRows) {
-      using ShortConfig = ForwardConfig<Element, kHeadDim, Short::kBlockM, Short::kBlockN, Short::kStages>;
-      return launch_forward<ShortConfig, kCausal>(params, stream);
+      return launch_forward<ForwardConfigOf<Element, kHeadDim, Short>, kCausal>(params, stream);
     }
   }
-  using Long = LongKeyTile<kHeadDim, kCausal>;
   if constexpr (Long::kFromKeys > 0) {
     if (params.seqlen_k >= Long::kFromKeys) {  // a varlen batch's max_seqlen_k
-      using LongConfig = ForwardConfig<Element, kHeadDim, Long::kBlockM, Long::kBlockN, Long::kStages>;
-      return launch_forward<LongConfig, kCausal>(params, stream);
+      return launch_forward<ForwardConfigOf<Element, kHeadDim, Long>, kCausal>(params, stream);
     }
   }
-  return launch_forward<ForwardConfigFor<Element, kHeadDim, kCausal>, kCausal>(params, stream);
+  return launch_forward<ForwardConfigOf<Element, kHeadDim, ForwardTile<kHeadDim, kCausal>>, kCausal>(params, stream);
 }
 
 }  // namespace fa::sm90
