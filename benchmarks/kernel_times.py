@@ -2,6 +2,7 @@
 
     python benchmarks/kernel_times.py --mode bwd --shapes "2,64,4096,128;16,16,2048,64"
     python benchmarks/kernel_times.py --mode bwd --impl fa-sm90,fa3 --dtype bfloat16 --causal both
+    python benchmarks/kernel_times.py --suite decode --impl fa,cudnn,fa3 --dtype float16
 
 For each case and implementation the call (bench.case_call: the forward, or the backward
 alone, as bench.py times it) runs a few times under torch.profiler after a warm-up;
@@ -42,6 +43,38 @@ def kernel_times(call, repeats=REPEATS):
     return times, sum(times.values())
 
 
+def print_kernel_rows(impl: str, call) -> None:
+    times, total = kernel_times(call)
+    for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
+        print(f"| {impl} | {short_name(name)} | {us:.1f} | {us / total:.1%} |")
+    print(f"| {impl} | **the kernels' sum** | {total:.1f} | |")
+
+
+def decode_kernel_times(args) -> int:
+    """The decode rows (decode_suite.DECODE_CASES): the split-KV pass and its combine beside the
+    peers' kernels, with the K+V bytes each case reads, so a kernel's own read rate can be set
+    beside the call's (bench.py --suite decode)."""
+    import decode_suite
+
+    for dtype_name in args.dtype.split(","):
+        dtype = getattr(torch, dtype_name)
+        for case in decode_suite.DECODE_CASES:
+            inputs = decode_suite.make_inputs(case, dtype)
+            gb = case.kv_bytes(inputs[0].element_size()) / 1e9
+            print(f"\n### decode {dtype_name} {case.label()} ({gb:.3f} GB of K and V)")
+            print("| impl | kernel | µs | share |\n|---|---|---|---|")
+            for impl in (args.impl or "fa,fa3,cudnn").split(","):
+                try:
+                    fn = decode_suite.make_decode_impl(impl, case)
+                    with torch.no_grad():
+                        print_kernel_rows(impl, lambda: fn(*inputs))
+                except (ImportError, RuntimeError) as err:
+                    print(f"| {impl} | unavailable: {str(err).splitlines()[0][:80]} | | |")
+            del inputs
+            torch.cuda.empty_cache()
+    return 0
+
+
 def short_name(name: str, width: int = 90) -> str:
     name = name.replace("void ", "")
     return name if len(name) <= width else name[: width - 3] + "..."
@@ -53,8 +86,13 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--causal", choices=["0", "1", "both"], default="both")
     p.add_argument("--mode", choices=["fwd", "bwd"], default="bwd")
-    p.add_argument("--impl", default="fa-sm90,fa3")
+    p.add_argument("--impl", default=None, help="default: fa-sm90,fa3 (decode: fa,fa3,cudnn)")
+    p.add_argument("--suite", choices=["shapes", "decode"], default="shapes",
+                   help="decode: the KV-cache rows of decode_suite.py (its impl names)")
     args = p.parse_args(argv)
+    if args.suite == "decode":
+        return decode_kernel_times(args)
+    args.impl = args.impl or "fa-sm90,fa3"
     causal_values = [False, True] if args.causal == "both" else [args.causal == "1"]
     for dtype in args.dtype.split(","):
         for shape in args.shapes:
@@ -66,13 +104,9 @@ def main(argv=None) -> int:
                 for impl in args.impl.split(","):
                     try:
                         with bench.kernel_family(impl):
-                            times, total = kernel_times(bench.case_call(case, bench.make_impl(impl), inputs))
+                            print_kernel_rows(impl, bench.case_call(case, bench.make_impl(impl), inputs))
                     except (ImportError, RuntimeError) as err:
                         print(f"| {impl} | unavailable: {str(err).splitlines()[0][:80]} | | |")
-                        continue
-                    for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
-                        print(f"| {impl} | {short_name(name)} | {us:.1f} | {us / total:.1%} |")
-                    print(f"| {impl} | **the kernels' sum** | {total:.1f} | |")
                 del inputs
                 torch.cuda.empty_cache()
     return 0
