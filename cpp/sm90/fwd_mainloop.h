@@ -114,10 +114,11 @@ struct ForwardMainloop {
     // Where O's GEMM is waited for: its register A operand (P of the step before) and the P this
     // step converts share their registers, so the wait must precede the first conversion, and
     // ptxas, which interleaves the conversions with the exponentials, hoists it to the start of the
-    // softmax when nothing stops it. Here the rescale's skip test (warp-uniform) is the fence: the
-    // first kRowsBeforeOWait rows' exponentials come before the branch, so they run while O's GEMM
-    // is still on the tensor cores, and the wait, the rescale, the other rows' exponentials and
-    // P's conversion after it, scheduled together (benchmarks/NOTES.md, session 15).
+    // softmax when nothing stops it. With kRowsBeforeOWait ≥ 0 the rescale's skip test (warp-
+    // uniform) is the fence: the first kRowsBeforeOWait rows' exponentials come before the branch,
+    // so they run while O's GEMM is still on the tensor cores, and the wait, the rescale, the other
+    // rows' exponentials and P's conversion after it, scheduled together (benchmarks/NOTES.md,
+    // session 15).
     auto step = [&](int n, auto masked) {
       wait_k();
       turns.wait();
@@ -127,21 +128,33 @@ struct ForwardMainloop {
       gemm_wait<1>(acc_s);  // S[n] done; O's GEMM may still run
       release(pipeline_k, k_state);
       max_of(n, masked);
-      exp_rows(cute::Int<0>{}, cute::Int<Config::kRowsBeforeOWait>{});
-      auto after_o = [&](auto rescale) {
+      constexpr int kBeforeWait = Config::kRowsBeforeOWait;
+      if constexpr (kBeforeWait < 0) {
+        exp_rows(cute::Int<0>{}, cute::Int<kRows>{});
         gemm_wait<0>(acc_o);
         release(pipeline_v, v_state);
-        if constexpr (decltype(rescale)::value) {
+        probs = convert_fragment<Element>(acc_s);
+        if (softmax.any_max_moved()) {
           auto out_rows = rowcol_view(acc_o);
           softmax.rescale_output(out_rows);
         }
-        exp_rows(cute::Int<Config::kRowsBeforeOWait>{}, cute::Int<kRows>{});
-        probs = convert_fragment<Element>(acc_s);
-      };
-      if (softmax.any_max_moved()) {
-        after_o(cute::true_type{});
       } else {
-        after_o(cute::false_type{});
+        exp_rows(cute::Int<0>{}, cute::Int<kBeforeWait>{});
+        auto after_o = [&](auto rescale) {
+          gemm_wait<0>(acc_o);
+          release(pipeline_v, v_state);
+          if constexpr (decltype(rescale)::value) {
+            auto out_rows = rowcol_view(acc_o);
+            softmax.rescale_output(out_rows);
+          }
+          exp_rows(cute::Int<kBeforeWait>{}, cute::Int<kRows>{});
+          probs = convert_fragment<Element>(acc_s);
+        };
+        if (softmax.any_max_moved()) {
+          after_o(cute::true_type{});
+        } else {
+          after_o(cute::false_type{});
+        }
       }
     };
     for (--n; n >= first_masked; --n) step(n, cute::true_type{});
