@@ -54,29 +54,35 @@ struct OnlineSoftmax {
   // exp(scale · (m - m')) where a row's max moved.
   // kMayBeEmpty: some row of the tile may have every score at -inf (masked), so its max is -inf and
   // must not be subtracted (-inf - -inf is NaN); such a row's probabilities are then all 0.
-  // A mainloop whose O accumulator is still being written by the tensor cores (an asynchronous
-  // O += P V of the previous tile) calls the parts: advance_max() and exponentiate() need only the
-  // scores, rescale_output() touches O once it is complete.
   template <bool kMayBeEmpty, class Scores, class AccO>
   CUTE_DEVICE void update(Scores& scores, AccO& acc_o, float scale_log2) {
     advance_max<kMayBeEmpty>(scores, scale_log2);
-    if (any_max_moved()) rescale_output(acc_o);
+    rescale_output(acc_o);
     exponentiate(scores, scale_log2);
   }
 
-  // Whether a row of the warp moved its max in the last advance_max() (warp-uniform). Where a row's
-  // max did not move its correction is exactly 1, so a warp none of whose rows moved may skip O's
-  // rescale: the common case once a long row has seen its largest scores.
-  CUTE_DEVICE bool any_max_moved() const { return __any_sync(0xffffffffu, max_moved_); }
+  // update() in two halves, for a mainloop whose O accumulator is still being written by the
+  // tensor cores (an asynchronous O += P V of the previous tile) while this tile's softmax runs:
+  // rescale_scores() needs only the scores; rescale_output() then touches O once it is complete.
+  template <bool kMayBeEmpty, class Scores>
+  CUTE_DEVICE void rescale_scores(Scores& scores, float scale_log2) {
+    advance_max<kMayBeEmpty>(scores, scale_log2);
+    exponentiate(scores, scale_log2);
+  }
 
-  // Rescales acc_o by the corrections of the last advance_max(): a multiply per accumulator element.
+  // Rescales acc_o by the corrections of the last rescale_scores(). Rescaling O is a multiply per
+  // accumulator element. Where a row's max did not move its correction is exactly 1, so the warp
+  // skips the multiplies when none of its rows moved: the common case once a long row has seen its
+  // largest scores. The test is warp-uniform.
   template <class AccO>
   CUTE_DEVICE void rescale_output(AccO& acc_o) {
     using namespace cute;
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
+    if (__any_sync(0xffffffffu, max_moved_)) {
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= correction_[r];
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= correction_[r];
+      }
     }
   }
 
@@ -96,8 +102,12 @@ struct OnlineSoftmax {
     }
   }
 
+ private:
+  float max_scaled_[kRows];  // the new row max times scale_log2 (0 for a row that is still empty)
+  float correction_[kRows];  // exp2 of (old max - new max) · scale_log2, for O and the row sum
+  bool max_moved_ = false;
+
   // The new row maxima; the row sums take their corrections at once, O in rescale_output().
-  // Needs only the scores.
   template <bool kMayBeEmpty, class Scores>
   CUTE_DEVICE void advance_max(Scores& scores, float scale_log2) {
     using namespace cute;
@@ -119,12 +129,12 @@ struct OnlineSoftmax {
     }
   }
 
-  // scores -> exp2(s · scale_log2 - max_scaled) in rows [kBegin, kEnd), summed into the row sums.
-  template <int kBegin = 0, int kEnd = kRows, class Scores>
+  // scores -> exp2(s · scale_log2 - max_scaled), summed into the row sums.
+  template <class Scores>
   CUTE_DEVICE void exponentiate(Scores& scores, float scale_log2) {
     using namespace cute;
     CUTE_UNROLL
-    for (int r = kBegin; r < kEnd; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       float sum = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(scores); ++c) {
@@ -134,11 +144,6 @@ struct OnlineSoftmax {
       row_sum[r] += sum;
     }
   }
-
- private:
-  float max_scaled_[kRows];  // the new row max times scale_log2 (0 for a row that is still empty)
-  float correction_[kRows];  // exp2 of (old max - new max) · scale_log2, for O and the row sum
-  bool max_moved_ = false;
 };
 
 }  // namespace fa

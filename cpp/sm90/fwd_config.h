@@ -71,14 +71,6 @@ struct ForwardConfig {
 
   using KVPipeline = cutlass::PipelineTmaAsync<kStages>;
 
-  // How many of a thread's two rows of S are exponentiated before the wait for O's GEMM in a step
-  // of the mainloop (fwd_mainloop.h): those run beside this warpgroup's own O GEMM, the rest after
-  // it, interleaved with O's rescale and P's conversion. -1: no fence, the wait in one block with
-  // the softmax, where ptxas places it (before the first exponential). Measured on the H100
-  // (benchmarks/NOTES.md, session 15): one row is 1-4% faster than -1 at D = 128 and level at
-  // 256; at D = 64, where the GEMMs are half as long per exponential, -1 is 1-2% faster than 0 or 1.
-  static constexpr int kRowsBeforeOWait = kHeadDim >= 128 ? 1 : -1;
-
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr int kQElems = decltype(cute::cosize(SmemLayoutQ{}))::value;

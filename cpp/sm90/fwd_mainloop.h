@@ -60,23 +60,17 @@ struct ForwardMainloop {
 
     const int row0 = w.m_block * kBlockM;
     const int first_masked = mask.first_masked_tile(row0, kBlockN);
-    // The softmax of S = Q K[n]ᵀ in acc_s, in two parts: max_of() the row maxima (masked: true_type
-    // where the tile needs the mask), exp_rows(begin, end) the exponentials of this thread's rows
-    // [begin, end), in place (P lands in acc_s, to be converted into probs).
-    auto max_of = [&](int n, auto masked) {
+    // The softmax of S = Q K[n]ᵀ in acc_s (masked: true_type where the tile needs the mask); P lands
+    // in probs.
+    auto softmax_of = [&](int n, auto masked) {
       auto scores = rowcol_view(acc_s);
       if constexpr (decltype(masked)::value) {
         mask.apply_rows(scores, rowcol_view(tScS), row0, n * kBlockN);
-        softmax.template advance_max<kCausal>(scores, p.scale_log2);
+        softmax.template rescale_scores<kCausal>(scores, p.scale_log2);
       } else {
-        softmax.template advance_max<false>(scores, p.scale_log2);
+        softmax.template rescale_scores<false>(scores, p.scale_log2);
       }
     };
-    auto exp_rows = [&](auto begin, auto end) {
-      auto scores = rowcol_view(acc_s);
-      softmax.template exponentiate<decltype(begin)::value, decltype(end)::value>(scores, p.scale_log2);
-    };
-    constexpr int kRows = decltype(size<0>(rowcol_view(acc_s)))::value;
     // K[n] is waited for before the turn: a warpgroup that holds the turn while its K tile is still
     // in flight would keep the other warpgroup's GEMMs off the tensor cores.
     auto wait_k = [&]() { pipeline_k.consumer_wait(k_state); };
@@ -101,24 +95,18 @@ struct ForwardMainloop {
     gemm_wait<0>(acc_s);
     release(pipeline_k, k_state);
     if (n >= first_masked) {
-      max_of(n, cute::true_type{});
+      softmax_of(n, cute::true_type{});
     } else {
-      max_of(n, cute::false_type{});
+      softmax_of(n, cute::false_type{});
     }
-    exp_rows(cute::Int<0>{}, cute::Int<kRows>{});
     probs = convert_fragment<Element>(acc_s);
 
     // One step of the loop. The masked steps (the few at the diagonal or the keys' end, which come
-    // first) and the unmasked ones run as two loops, so that no step tests for the mask: measured
-    // up to 5% faster at D = 64, level to 3% faster at D = 128 (benchmarks/NOTES.md).
-    // Where O's GEMM is waited for: its register A operand (P of the step before) and the P this
-    // step converts share their registers, so the wait must precede the first conversion, and
-    // ptxas, which interleaves the conversions with the exponentials, hoists it to the start of the
-    // softmax when nothing stops it. With kRowsBeforeOWait ≥ 0 the rescale's skip test (warp-
-    // uniform) is the fence: the first kRowsBeforeOWait rows' exponentials come before the branch,
-    // so they run while O's GEMM is still on the tensor cores, and the wait, the rescale, the other
-    // rows' exponentials and P's conversion after it, scheduled together (benchmarks/NOTES.md,
-    // session 15).
+    // first) and the unmasked ones run as two loops, so that no step tests for the mask: the
+    // softmax, the wait for O's GEMM and P's conversion then form one block of straight-line code,
+    // which the compiler schedules together (the exponentials, bound by MUFU throughput, interleave
+    // with the rest). Measured up to 5% faster at D = 64, level to 3% faster at D = 128
+    // (benchmarks/NOTES.md).
     auto step = [&](int n, auto masked) {
       wait_k();
       turns.wait();
@@ -127,35 +115,12 @@ struct ForwardMainloop {
       turns.pass();
       gemm_wait<1>(acc_s);  // S[n] done; O's GEMM may still run
       release(pipeline_k, k_state);
-      max_of(n, masked);
-      constexpr int kBeforeWait = Config::kRowsBeforeOWait;
-      if constexpr (kBeforeWait < 0) {
-        exp_rows(cute::Int<0>{}, cute::Int<kRows>{});
-        gemm_wait<0>(acc_o);
-        release(pipeline_v, v_state);
-        probs = convert_fragment<Element>(acc_s);
-        if (softmax.any_max_moved()) {
-          auto out_rows = rowcol_view(acc_o);
-          softmax.rescale_output(out_rows);
-        }
-      } else {
-        exp_rows(cute::Int<0>{}, cute::Int<kBeforeWait>{});
-        auto after_o = [&](auto rescale) {
-          gemm_wait<0>(acc_o);
-          release(pipeline_v, v_state);
-          if constexpr (decltype(rescale)::value) {
-            auto out_rows = rowcol_view(acc_o);
-            softmax.rescale_output(out_rows);
-          }
-          exp_rows(cute::Int<kBeforeWait>{}, cute::Int<kRows>{});
-          probs = convert_fragment<Element>(acc_s);
-        };
-        if (softmax.any_max_moved()) {
-          after_o(cute::true_type{});
-        } else {
-          after_o(cute::false_type{});
-        }
-      }
+      softmax_of(n, masked);
+      gemm_wait<0>(acc_o);
+      release(pipeline_v, v_state);
+      probs = convert_fragment<Element>(acc_s);
+      auto out_rows = rowcol_view(acc_o);
+      softmax.rescale_output(out_rows);
     };
     for (--n; n >= first_masked; --n) step(n, cute::true_type{});
     for (; n >= 0; --n) step(n, cute::false_type{});
