@@ -12,7 +12,8 @@ forward's wide key tile, non-causal, with a partial last tile).
 varlen: a variable-length batch (fa.attention_varlen) with empty sequences on either side,
 one-row and odd-length ones, Sq != Sk per sequence, on each family.
 kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 and 256, a shuffled
-page table), empty and odd-length entries, Sq 1 and 3, one split and several."""
+page table), empty and odd-length entries, Sq 1 and 3, one split and several, on both decode
+kernels (group · Sq up to 16 packed rows, and more)."""
 
 import os
 import sys
@@ -59,8 +60,10 @@ def varlen():
 
 def kvcache():
     used = torch.tensor([0, 1, 77, 300, 513], dtype=torch.int32, device="cuda")
-    b, hq, hk = used.numel(), 8, 2
-    for d in (64, 128, 256):
+    b, hk = used.numel(), 2
+    # 8 query heads: 4 or 12 packed rows (the key-splitting decode kernel); 36: 18 or 54 (the
+    # 64-row decode tile).
+    for hq, d in ((8, 64), (8, 128), (8, 256), (36, 64), (36, 128), (36, 256)):
         for sq in (1, 3):
             q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.float16)
             k = torch.randn(b, hk, 520, d, device="cuda", dtype=torch.float16)  # capacity past the longest

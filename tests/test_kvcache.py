@@ -63,23 +63,32 @@ def check(q, k_cache, v_cache, seqlens, page_table, keys, values, causal=True, n
 USED = [0, 1, 150, 300, 77]
 
 
+# Query heads for 2 kv heads: a group of 4 (4 or 16 packed rows with Sq 1 or 4: the key-splitting
+# decode kernel, sm80/decode_kernel.h) or of 18 (18 or 72 rows: the 64-row decode tile of
+# sm80/fwd_kernel.h, 72 over two tiles).
+HEADS_Q = pytest.mark.parametrize("hq", [8, 36], ids=["rows<=16", "rows>16"])
+
+
+@HEADS_Q
 @pytest.mark.parametrize("sq", [1, 4])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_contiguous_cache(device, sq, causal):
-    args = make_cache(USED, 8, 2, sq, 64, torch.float16, device, capacity=320)  # GQA 4
+def test_contiguous_cache(device, hq, sq, causal):
+    args = make_cache(USED, hq, 2, sq, 64, torch.float16, device, capacity=320)
     check(*args, causal=causal)
 
 
+@HEADS_Q
 @pytest.mark.parametrize("page_size", [16, 256])
 @pytest.mark.parametrize("sq", [1, 4])
-def test_paged_cache(device, page_size, sq):
-    args = make_cache(USED, 8, 2, sq, 128, torch.bfloat16, device, capacity=320, page_size=page_size)
+def test_paged_cache(device, hq, page_size, sq):
+    args = make_cache(USED, hq, 2, sq, 128, torch.bfloat16, device, capacity=320, page_size=page_size)
     check(*args)
 
 
+@pytest.mark.parametrize("hq", [4, 24], ids=["rows<=16", "rows>16"])
 @pytest.mark.parametrize("page_size", [None, 16])
-def test_splits_give_the_same_answer(device, page_size):
-    q, k, v, seqlens, pages, keys, values = make_cache([1000, 3, 517], 4, 1, 1, 64, torch.float16, device,
+def test_splits_give_the_same_answer(device, hq, page_size):
+    q, k, v, seqlens, pages, keys, values = make_cache([1000, 3, 517], hq, 1, 1, 64, torch.float16, device,
                                                       page_size=page_size)  # MQA
     one, lse_one = check(q, k, v, seqlens, pages, keys, values, num_splits=1)
     for splits in (3, 13, 128):  # 128: most splits see no key tile
@@ -88,9 +97,10 @@ def test_splits_give_the_same_answer(device, page_size):
         torch.testing.assert_close(lse_many, lse_one, atol=1e-4, rtol=0)
 
 
+@HEADS_Q
 @pytest.mark.parametrize("head_dim", [32, 96, 256])
-def test_head_dims(device, head_dim):
-    check(*make_cache([40, 200], 4, 2, 2, head_dim, torch.float16, device, page_size=16), num_splits=2)
+def test_head_dims(device, hq, head_dim):
+    check(*make_cache([40, 200], hq, 2, 2, head_dim, torch.float16, device, page_size=16), num_splits=2)
 
 
 @pytest.mark.parametrize("page_size", [None, 16])

@@ -105,3 +105,48 @@ struct ForwardConfig {
 };
 
 }  // namespace fa::sm80
+
+namespace fa::sm80 {
+
+// The key-splitting decode kernel (decode_kernel.h): kWarps warps side by side along the keys,
+// each with its own kWarpKeys-key slice of every step, its own kStages-deep K/V buffers in shared
+// memory and its own online softmax over kRows packed query rows; the warps' results are merged
+// once, at the end. One warp covers the rows, so its MMA is a single m16n8k16 column of atoms.
+template <class Element_, int kHeadDim_, int kWarps_, int kWarpKeys_, int kStages_>
+struct DecodeConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kRows = 16;                 // packed query rows per CTA (fa::kDecodeKeySplitRows)
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kWarpKeys = kWarpKeys_;     // keys of a warp's slice of a step
+  static constexpr int kBlockN = kWarps * kWarpKeys;  // keys per step
+  static constexpr int kStages = kStages_;         // K/V buffers per warp
+  static constexpr int kThreads = kWarps * 32;
+  static_assert(kHeadDim % 32 == 0 && kWarpKeys % 16 == 0 && kStages >= 2 && kStages <= 4);
+
+  using TiledMma = Sm80TiledMma<Element, 1, 1>;
+  // Q's fragments stay in registers (D / 4 a thread) beside O's fp32 accumulator (D / 2) up to
+  // D = 128; at 256 the two would spill, so Q is read from shared memory each step.
+  static constexpr bool kQInRegisters = kHeadDim <= 128;
+
+  using Smem = SmemTileShape<Element, kHeadDim>;
+  using SmemLayoutQ = typename Smem::template TileLayout<kRows>;
+  using SmemLayoutKV = typename Smem::template TileLayout<kWarpKeys>;
+  using SmemLayoutVt = TransposedLayout<SmemLayoutKV>;
+
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;            // Q, K
+  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;  // V
+  // Each warp copies its own slices (and warp 0 the query rows): a warp-wide cp.async copy.
+  using GmemCopy = typename GmemTileCopy<Element, kHeadDim, 32>::Load;
+
+  static constexpr int kQBytes = int(cute::cosize(SmemLayoutQ{})) * int(sizeof(Element));
+  static constexpr int kKVBytes = int(cute::cosize(SmemLayoutKV{})) * int(sizeof(Element));  // one K or V slice
+  static constexpr int kWarpBytes = 2 * kStages * kKVBytes;  // a warp's K and V buffers
+  // The merge: each warp's normalised fp32 output rows (padded by 4 floats against bank
+  // conflicts, 16-byte aligned) and lse, in the K/V buffers once every warp is done with them.
+  static constexpr int kMergeStride = kHeadDim + 4;
+  static constexpr int kMergeBytes = kWarps * kRows * (kMergeStride + 1) * int(sizeof(float));
+  static constexpr int kSmemBytes = kQBytes + (kWarps * kWarpBytes > kMergeBytes ? kWarps * kWarpBytes : kMergeBytes);
+};
+
+}  // namespace fa::sm80

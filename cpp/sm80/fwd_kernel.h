@@ -40,6 +40,7 @@
 #include "common/online_softmax.h"
 #include "common/sequence.h"
 #include "fa/params.h"
+#include "sm80/decode_rows.h"
 #include "sm80/fragments.h"
 #include "sm80/gemm.h"
 #include "sm80/tile_copy.h"
@@ -78,8 +79,8 @@ __global__ void __launch_bounds__(Config::kThreads)
   // Rows of this tile inside the query (kDecode: inside the packed rows).
   const int rows_left = (kDecode ? group * seq.seqlen_q : seq.seqlen_q) - row_begin;
   if (rows_left <= 0) return;  // varlen: the grid covers the longest sequence
-  auto head_of = [&](int r) { return head_kv * group + (row_begin + r) / seq.seqlen_q; };  // kDecode, row r of the tile
-  auto position_of = [&](int r) { return (row_begin + r) % seq.seqlen_q; };
+  // kDecode: the packed rows' heads, positions and addresses (decode_rows.h).
+  const DecodeRows<Element> rows{params, batch, head_kv, split, group, seq.seqlen_q, row_begin};
 
   const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
   // kDecode: a tile may hold every position, so it sees the keys the last one sees.
@@ -92,22 +93,8 @@ __global__ void __launch_bounds__(Config::kThreads)
     tile_end = min(n_tiles, tile_begin + per_split);
   }
   const bool to_accum = kDecode && params.num_splits > 1;
-  // Split-KV: the row of the fp32 partial results of the tile's row r, (split, batch, head, position).
-  auto accum_row = [&](int r) {
-    return ((int64_t(split) * params.batch + batch) * params.heads_q + head_of(r)) * params.seqlen_q + position_of(r);
-  };
-  // kDecode: the global rows of the tile's row r in q and out, and its lse.
-  auto q_row = [&](int r) {
-    return static_cast<const Element*>(params.q) + batch * params.q_stride.batch + head_of(r) * params.q_stride.head +
-           int64_t(position_of(r)) * params.q_stride.row;
-  };
-  auto out_row = [&](int r) {
-    return static_cast<Element*>(params.out) + batch * params.out_stride.batch + head_of(r) * params.out_stride.head +
-           int64_t(position_of(r)) * params.out_stride.row;
-  };
-  auto lse_at = [&](int r) -> float& {
-    return params.lse[batch * params.lse_batch_stride + head_of(r) * params.lse_head_stride + position_of(r)];
-  };
+  auto q_row = [&](int r) { return rows.q_row(r); };
+  auto out_row = [&](int r) { return rows.out_row(r); };
 
   auto rows_of = [&](const void* base, int64_t offset, Strides s, int rows) {
     return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + offset),
@@ -138,8 +125,8 @@ __global__ void __launch_bounds__(Config::kThreads)
 
   if (to_accum && tile_begin == tile_end) {  // no key tile in this split: partial output 0, lse -inf
     for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) {
-      params.lse_accum[accum_row(r)] = -INFINITY;
-      float* out = params.out_accum + accum_row(r) * params.head_dim_accum;
+      params.lse_accum[rows.accum_row(r)] = -INFINITY;
+      float* out = params.out_accum + rows.accum_row(r) * params.head_dim_accum;
       for (int c = 0; c < params.head_dim; ++c) out[c] = 0.f;
     }
     return;
@@ -149,7 +136,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     clear(zeros);
     if constexpr (kDecode) {
       store_rows_predicated(gmem_copy_o, zeros, out_row, tOcO, col_ok, rows_left);
-      for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) lse_at(r) = -INFINITY;
+      for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) rows.lse_at(r) = -INFINITY;
     } else {
       store_tile_predicated(gmem_copy_o, zeros, gmem_thr_o.partition_D(output_tile()), tOcO, col_ok,
                             rows_left);
@@ -306,7 +293,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     if constexpr (kMasked && kDecode) {  // packed rows: each row's position, not its index
       CUTE_UNROLL
       for (int i = 0; i < size(acc_s); ++i) {
-        if (mask.hides(position_of(get<0>(tScS(i))), n * kBlockN + get<1>(tScS(i)))) acc_s(i) = -INFINITY;
+        if (mask.hides(rows.position_of(get<0>(tScS(i))), n * kBlockN + get<1>(tScS(i)))) acc_s(i) = -INFINITY;
       }
     } else if constexpr (kMasked) {
       mask.apply(acc_s, tScS, row_begin, n * kBlockN);
@@ -351,8 +338,8 @@ __global__ void __launch_bounds__(Config::kThreads)
     for (int r = 0; r < kRows; ++r) {
       const int row = get<0>(acc_coords(r, 0));
       if (row >= rows_left) continue;
-      if (get<1>(acc_coords(r, 0)) == 0) params.lse_accum[accum_row(row)] = row_lse[r];
-      float* out = params.out_accum + accum_row(row) * params.head_dim_accum;
+      if (get<1>(acc_coords(r, 0)) == 0) params.lse_accum[rows.accum_row(row)] = row_lse[r];
+      float* out = params.out_accum + rows.accum_row(row) * params.head_dim_accum;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(out_rows); ++c) {
         const int col = get<1>(acc_coords(r, c));
@@ -366,7 +353,7 @@ __global__ void __launch_bounds__(Config::kThreads)
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const int row = get<0>(acc_coords(r, 0));
-        if (row < rows_left) lse_at(row) = row_lse[r];
+        if (row < rows_left) rows.lse_at(row) = row_lse[r];
       }
     } else {
       float* lse = lse_rows();

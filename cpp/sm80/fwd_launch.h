@@ -7,6 +7,7 @@
 #include "common/element.h"
 #include "common/split_kv.h"
 #include "fa/kernels.h"
+#include "sm80/decode_kernel.h"
 #include "sm80/fwd_config.h"
 #include "sm80/fwd_kernel.h"
 
@@ -41,29 +42,46 @@ struct DecodeTile {
   static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
 };
 
+// The key-splitting decode kernel's slices (decode_kernel.h): 4 warps of kWarpKeys keys a step, so
+// that a warp's K and V slices are 16 KB a buffer at D = 64, 128 and 256 (12 KB at 96, 8 KB at 32),
+// two buffers a warp: at most 136 KB of shared memory, one CTA an SM (and it fits an A100). Measured
+// on the H100 at D = 128 (benchmarks/NOTES.md, KV-cache v3) against three buffers of 32 keys (196
+// KB), three or four of 16 keys (100 KB, two CTAs an SM; 132 KB) and 8 warps of 16 keys: the
+// fastest on every decode row it serves but B8 paged 16, where three buffers of 16 keys read 0.3-1.3%
+// faster.
+template <int kHeadDim>
+struct DecodeSplitTile {
+  static constexpr int kWarps = 4, kStages = 2;
+  static constexpr int kWarpKeys = kHeadDim <= 64 ? 64 : kHeadDim <= 128 ? 32 : 16;
+};
+
+// Launches `kernel` with kSmem bytes of dynamic shared memory (opting in above 48 KB) and, for a
+// KV-cache call split among CTAs, split-KV's combine pass after it.
+template <class Element, int kSmem, class Kernel>
+cudaError_t launch_with_smem(Kernel kernel, dim3 grid, int threads, const ForwardParams& params,
+                             cudaStream_t stream, bool combine) {
+  if constexpr (kSmem > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<grid, threads, kSmem, stream>>>(params);
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess && combine && params.num_splits > 1) {
+    err = launch_combine_splits<Element>(params, stream);
+  }
+  return err;
+}
+
 // Launches one forward configuration: the grid, and the shared-memory opt-in above 48 KB.
 // kDecode: the KV-cache variant (a grid of batch · num_splits along z; split-KV's combine pass).
 template <class Config, bool kCausal, bool kDecode = false>
 cudaError_t launch_forward(const ForwardParams& params, cudaStream_t stream) {
-  auto kernel = &forward_kernel<Config, kCausal, kDecode>;
-  constexpr int kSmem = Config::kSmemBytes;
-  if constexpr (kSmem > 48 * 1024) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
-  }
   // kDecode: a CTA per kv head, its rows the group's query heads × positions (fwd_kernel.h).
   const int rows = kDecode ? params.seqlen_q * (params.heads_q / params.heads_kv) : params.seqlen_q;
   const dim3 grid((rows + Config::kBlockM - 1) / Config::kBlockM, kDecode ? params.heads_kv : params.heads_q,
                   params.batch * (kDecode ? params.num_splits : 1));
-  kernel<<<grid, Config::kThreads, kSmem, stream>>>(params);
-  cudaError_t err = cudaGetLastError();
-  if constexpr (kDecode) {
-    if (err == cudaSuccess && params.num_splits > 1) {
-      err = launch_combine_splits<typename Config::Element>(params, stream);
-    }
-  }
-  return err;
+  return launch_with_smem<typename Config::Element, Config::kSmemBytes>(&forward_kernel<Config, kCausal, kDecode>,
+                                                                         grid, Config::kThreads, params, stream, kDecode);
 }
 
 template <class Element, int kHeadDim>
@@ -71,10 +89,35 @@ using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTile<kHeadDim>:
                                        ForwardTile<kHeadDim>::kBlockN, ForwardTile<kHeadDim>::kWarps,
                                        ForwardTile<kHeadDim>::kStages>;
 
+// The key-splitting decode kernel: a CTA per kv head and 16 packed rows, kWarps warps along the keys.
+template <class Config, bool kCausal>
+cudaError_t launch_decode(const ForwardParams& params, cudaStream_t stream) {
+  const int rows = params.seqlen_q * (params.heads_q / params.heads_kv);
+  const dim3 grid((rows + Config::kRows - 1) / Config::kRows, params.heads_kv, params.batch * params.num_splits);
+  return launch_with_smem<typename Config::Element, Config::kSmemBytes>(&decode_kernel<Config, kCausal>, grid,
+                                                                         Config::kThreads, params, stream, true);
+}
+
+// Whether the current device lets a CTA have `bytes` of shared memory (228 KB an SM on the H100,
+// 164 KB on the A100, 100 KB on sm86/89).
+inline bool smem_fits(int bytes) {
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    return false;
+  }
+  return bytes <= optin;
+}
+
 template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
   using Element = cutlass_element_t<ElementTag>;
   if (params.seqused_k != nullptr) {
+    if (params.seqlen_q * (params.heads_q / params.heads_kv) <= kDecodeKeySplitRows) {
+      using Split = DecodeSplitTile<kHeadDim>;
+      using Config = DecodeConfig<Element, kHeadDim, Split::kWarps, Split::kWarpKeys, Split::kStages>;
+      if (smem_fits(Config::kSmemBytes)) return launch_decode<Config, kCausal>(params, stream);
+    }
     using Tile = DecodeTile<kHeadDim>;
     using Config = ForwardConfig<Element, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kWarps, Tile::kStages>;
     return launch_forward<Config, kCausal, true>(params, stream);

@@ -311,8 +311,9 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor&
 int64_t default_splits(const KVCacheShape& s, const Tensor& q) {
   int sms = 0;
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device_index()), "fa.forward_kvcache");
-  // A CTA per kv head and kDecodeBlockM rows of its group's queries (the decode kernel packs them).
-  const int64_t ctas = s.batch * s.heads_kv * ((s.group_size() * s.seqlen_q + kDecodeBlockM - 1) / kDecodeBlockM);
+  // A CTA per kv head and decode_block_m rows of its group's queries (the decode kernels pack them).
+  const int64_t rows = s.group_size() * s.seqlen_q;
+  const int64_t ctas = s.batch * s.heads_kv * ((rows + decode_block_m(rows) - 1) / decode_block_m(rows));
   return std::max<int64_t>(1, std::min({sms / ctas, (s.seqlen_k + 255) / 256, kMaxSplits}));
 }
 

@@ -17,6 +17,12 @@ inline constexpr int kBackwardRowPadding = 128;
 // Query rows of the Ampere family's KV-cache (decode) tile: a CTA serves one kv head, its rows the
 // group's query heads × positions (sm80/fwd_launch.h DecodeTile). The binding sizes split-KV by it.
 inline constexpr int kDecodeBlockM = 64;
+// Up to this many packed rows (group · seqlen_q), the KV-cache call runs the key-splitting decode
+// kernel (sm80/decode_kernel.h) instead, with a 16-row tile, where the device's shared memory
+// allows it.
+inline constexpr int kDecodeKeySplitRows = 16;
+// The query rows of a decode CTA for `rows` packed rows: the binding sizes split-KV by it.
+constexpr int decode_block_m(long long rows) { return rows <= kDecodeKeySplitRows ? kDecodeKeySplitRows : kDecodeBlockM; }
 
 namespace sm80 {
 

@@ -1,0 +1,285 @@
+// The Ampere family's key-splitting decode kernel: fa.forward_kvcache when a kv head's group has
+// at most 16 query rows (group · Sq <= 16; e.g. decoding one token with 4 query heads a kv head).
+//
+// Why a kernel of its own. Decoding reads the K/V cache once and does little math per byte; what
+// bounds it is how steadily the loads stream. fwd_kernel.h's decode tile stacks its warps along 64
+// query rows, so with 4 real rows three warps compute rows that do not exist, every warp reads the
+// whole K and V tile from shared memory, and a barrier each step ties the warps' loads together.
+// Here the warps sit side by side along the keys (as FlashDecoding and cuDNN's decode kernel do):
+//
+// Tile plan. A CTA serves one kv head of one batch entry (one share of its keys with split-KV) and
+// 16 packed query rows (decode_rows.h). Each step covers kBlockN = kWarps · kWarpKeys keys; warp w
+// owns keys [w · kWarpKeys, (w + 1) · kWarpKeys) of every step. A warp computes S = Q Kᵀ for its
+// slice (16 rows × kWarpKeys) with Q held in registers (read from shared memory each step at
+// D = 256, where registers run out), folds it into its own online softmax, and
+// accumulates its own O (16 rows × D, fp32) from its slice of V.
+//
+// Pipeline and synchronisation. Each warp copies its own K and V slices with cp.async into its own
+// kStages buffers, so the warps never wait for each other in the mainloop: step on key tile n,
+// in buffer n % kStages, for each warp:
+//   wait for this warp's slices of tile n (tiles n-1 … n-(kStages-2) may still fly); __syncwarp
+//   issue tile n-(kStages-1)'s slices into tile n+1's buffer (this warp is done reading it)
+//   S = Q K[n]ᵀ; mask (the last tiles); online softmax; O += P V[n]
+// one commit group a tile (empty past the last), so the wait counts stay exact. Warp 0 also copies
+// the query rows first (its own commit group); one barrier makes them visible before the mainloop.
+//
+// Merge. After the mainloop each warp normalises its O and computes its lse, and writes both to
+// shared memory (over the K/V buffers, after a barrier). Then each thread merges 8 columns of a
+// row over the warps, exactly as split-KV's combine does (common/split_kv.h):
+// lse = log Σ_w exp(lse_w), O = Σ_w exp(lse_w - lse) O_w, and stores them: to out and lse, or, with
+// split-KV, to the fp32 partial results for the combine pass.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/attention_mask.h"
+#include "common/online_softmax.h"
+#include "common/sequence.h"
+#include "fa/params.h"
+#include "sm80/decode_rows.h"
+#include "sm80/fragments.h"
+#include "sm80/gemm.h"
+#include "sm80/tile_copy.h"
+
+namespace fa::sm80 {
+
+template <class Config, bool kCausal>
+__global__ void __launch_bounds__(Config::kThreads)
+    decode_kernel(const __grid_constant__ ForwardParams params) {
+  using namespace cute;
+  using Element = typename Config::Element;
+  constexpr int kRows = Config::kRows;
+  constexpr int kWarps = Config::kWarps;
+  constexpr int kWarpKeys = Config::kWarpKeys;
+  constexpr int kBlockN = Config::kBlockN;
+  constexpr int kHeadDim = Config::kHeadDim;
+  constexpr int kStages = Config::kStages;
+  using QTile = Shape<Int<kRows>, Int<kHeadDim>>;
+  using KVTile = Shape<Int<kWarpKeys>, Int<kHeadDim>>;
+  using STile = Shape<Int<kRows>, Int<kWarpKeys>>;
+
+  extern __shared__ __align__(128) char smem[];
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int batch = blockIdx.z / params.num_splits;
+  const int split = blockIdx.z % params.num_splits;
+  const Sequence seq = Sequence::of(params, batch);
+  const DecodeRows<Element> tile_rows{params, batch, int(blockIdx.y), split, params.heads_q / params.heads_kv,
+                                      seq.seqlen_q, int(blockIdx.x) * kRows};
+  const int rows_left = tile_rows.group * seq.seqlen_q - tile_rows.row_begin;
+
+  const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+  // The tile holds every position, so it sees the keys the last one sees; this CTA walks the key
+  // tiles [tile_begin, tile_end), all of them or its split's share. A CTA with none still runs the
+  // merge: its rows get output 0 and lse -inf.
+  const int n_tiles = mask.visible_tiles(seq.seqlen_q, kBlockN);
+  const int per_split = (n_tiles + params.num_splits - 1) / params.num_splits;
+  const int tile_begin = min(n_tiles, split * per_split);
+  const int tile_end = min(n_tiles, tile_begin + per_split);
+
+  // Shared memory: the query rows, then each warp's kStages K buffers and kStages V buffers.
+  constexpr int kKVElems = Config::kKVBytes / int(sizeof(Element));
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Config::SmemLayoutQ{});
+  Element* warp_kv = reinterpret_cast<Element*>(smem + Config::kQBytes + warp * Config::kWarpBytes);
+  Tensor sK = make_tensor(make_smem_ptr(warp_kv), typename Config::SmemLayoutKV{});  // buffer 0's
+  Tensor sV = make_tensor(make_smem_ptr(warp_kv + kStages * kKVElems), typename Config::SmemLayoutKV{});
+  Tensor sVt = make_tensor(sV.data(), typename Config::SmemLayoutVt{});
+  // A view of buffer `stage` (a compile-time constant: an immediate offset, a whole number of
+  // swizzle periods).
+  auto pick = [](auto stage, auto const& buffer0) {
+    return make_tensor(buffer0.data() + decltype(stage)::value * kKVElems, buffer0.layout());
+  };
+
+  typename Config::GmemCopy gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(lane);
+  Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(KVTile{}));
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(QTile{}));
+  const auto col_ok = column_predicates(tKVcKV, params.head_dim);
+  static_assert(decltype(size<2>(tKVcKV))::value == decltype(size<2>(tQcQ))::value);
+  Tensor tKsK = gmem_thr.partition_D(sK);
+  Tensor tVsV = gmem_thr.partition_D(sV);
+
+  auto rows_of = [&](const void* base, int64_t offset, Strides s) {
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + offset),
+                       make_shape(seq.seqlen_k, Int<kHeadDim>{}), make_stride(s.row, _1{}));
+  };
+  // (kWarpKeys, D, slices): slice n · kWarps + warp is this warp's share of key tile n.
+  Tensor tKgK = gmem_thr.partition_S(local_tile(
+      rows_of(params.k, seq.k_offset(params.k_stride, batch, tile_rows.head_kv), params.k_stride), KVTile{},
+      make_coord(_, 0)));
+  Tensor tVgV = gmem_thr.partition_S(local_tile(
+      rows_of(params.v, seq.k_offset(params.v_stride, batch, tile_rows.head_kv), params.v_stride), KVTile{},
+      make_coord(_, 0)));
+  // This warp's slice of key tile n into buffer `stage`; only the last tile can be partial
+  // (check_rows). A paged cache's rows are gathered through the page table, row by row.
+  auto load_slice = [&](int n, auto stage, auto check_rows) {
+    const int slice = n * kWarps + warp;
+    const int keys_left = seq.seqlen_k - slice * kWarpKeys;
+    if (params.page_table != nullptr) {
+      const int* pages = params.page_table + batch * params.page_table_stride;
+      auto gather = [&](const void* base, const Strides& s, auto&& dst) {
+        const Element* head_base = static_cast<const Element*>(base) + tile_rows.head_kv * s.head;
+        copy_rows_zero_fill(gmem_copy, [&](int row) {
+          // A slice past the cache's end zero-fills: its first row's page must still be in the table.
+          const int key = min(slice * kWarpKeys + row, seq.seqlen_k - 1);
+          return head_base + int64_t(pages[key / params.page_size]) * s.batch + int64_t(key % params.page_size) * s.row;
+        }, dst, tKVcKV, col_ok, keys_left);
+      };
+      gather(params.k, params.k_stride, pick(stage, tKsK));
+      gather(params.v, params.v_stride, pick(stage, tVsV));
+      return;
+    }
+    constexpr bool kCheck = decltype(check_rows)::value;
+    copy_tile_zero_fill<kCheck>(gmem_copy, tKgK(_, _, _, slice), pick(stage, tKsK), tKVcKV, col_ok, keys_left);
+    copy_tile_zero_fill<kCheck>(gmem_copy, tVgV(_, _, _, slice), pick(stage, tVsV), tKVcKV, col_ok, keys_left);
+  };
+  // Calls fn with the buffer of key tile n (n % kStages) as a compile-time constant.
+  auto in_buffer_of = [](int n, auto&& fn) {
+    const int buffer = n % kStages;
+    if (kStages > 3 && buffer == 3) fn(Int<(kStages > 3 ? 3 : 0)>{});
+    else if (kStages > 2 && buffer == 2) fn(Int<(kStages > 2 ? 2 : 0)>{});
+    else if (buffer == 1) fn(_1{});
+    else fn(_0{});
+  };
+
+  // Warp 0 copies the query rows (zero-filling those past the group's), as a commit group of its own.
+  if (warp == 0) {
+    copy_rows_zero_fill(gmem_copy, [&](int r) { return tile_rows.q_row(r); }, gmem_thr.partition_D(sQ), tQcQ,
+                        col_ok, rows_left);
+    cp_async_fence();
+  }
+  // Tiles n … n-(kStages-2), a commit group each (empty where there is no tile).
+  int n = tile_end - 1;
+  if (n >= tile_begin) in_buffer_of(n, [&](auto stage) { load_slice(n, stage, true_type{}); });
+  cp_async_fence();
+  CUTE_UNROLL
+  for (int ahead = 1; ahead <= kStages - 2; ++ahead) {
+    if (n - ahead >= tile_begin) in_buffer_of(n - ahead, [&](auto stage) { load_slice(n - ahead, stage, false_type{}); });
+    cp_async_fence();
+  }
+
+  typename Config::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(lane);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVt);
+  Tensor acc_o = partition_fragment_C(mma, QTile{});
+  clear(acc_o);
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(STile{}));
+
+  auto smem_copy_q = make_tiled_copy_A(typename Config::SmemCopyAtom{}, mma);
+  auto smem_thr_q = smem_copy_q.get_thread_slice(lane);
+  Tensor tSsQ = smem_thr_q.partition_S(sQ);
+  auto smem_copy_k = make_tiled_copy_B(typename Config::SmemCopyAtom{}, mma);
+  auto smem_thr_k = smem_copy_k.get_thread_slice(lane);
+  auto smem_copy_v = make_tiled_copy_B(typename Config::SmemCopyAtomTransposed{}, mma);
+  auto smem_thr_v = smem_copy_v.get_thread_slice(lane);
+  Tensor tSsK = smem_thr_k.partition_S(sK);
+  Tensor tOsVt = smem_thr_v.partition_S(sVt);
+
+  // The query rows (warp 0's oldest group) have landed: visible to every warp after the barrier.
+  cp_async_wait<kStages - 1>();
+  __syncthreads();
+  if constexpr (Config::kQInRegisters) copy(smem_copy_q, tSsQ, smem_thr_q.retile_D(tSrQ));
+
+  OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
+
+  // One step on key tile n, held in buffer `stage`.
+  auto step = [&](int n, auto masked, auto stage) {
+    constexpr bool kMasked = decltype(masked)::value;
+    cp_async_wait<kStages - 2>();  // this warp's slices of tile n
+    __syncwarp();
+    if (n - (kStages - 1) >= tile_begin) {  // into tile n+1's buffer, which this warp is done with
+      load_slice(n - (kStages - 1), Int<(decltype(stage)::value + 1) % kStages>{}, false_type{});
+    }
+    cp_async_fence();
+
+    Tensor acc_s = partition_fragment_C(mma, STile{});
+    clear(acc_s);
+    if constexpr (Config::kQInRegisters) {
+      gemm_regs_smem(acc_s, tSrQ, tSrK, smem_thr_k.retile_D(tSrK), pick(stage, tSsK), smem_copy_k, mma);
+    } else {
+      gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q, tSrK, smem_thr_k.retile_D(tSrK),
+                     pick(stage, tSsK), smem_copy_k, mma);
+    }
+    if constexpr (kMasked) {  // packed rows: each row's position, not its index
+      const int key0 = (n * kWarps + warp) * kWarpKeys;
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        if (mask.hides(tile_rows.position_of(get<0>(tScS(i))), key0 + get<1>(tScS(i)))) acc_s(i) = -INFINITY;
+      }
+    }
+    auto out_rows = rowcol_view(acc_o);
+    auto scores = rowcol_view(acc_s);
+    // A masked slice may hide every key of a row (past the cache's end, or its diagonal).
+    softmax.template update<kMasked>(scores, out_rows, params.scale_log2);
+
+    Tensor probs = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));
+    gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), pick(stage, tOsVt), smem_copy_v, mma);
+  };
+
+  // The tile may hold position 0, which sees the fewest keys.
+  const int first_masked = mask.first_masked_tile(0, kBlockN);
+  for (; n >= max(first_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
+  for (; n >= tile_begin; --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage); });
+
+  // Merge: each warp's normalised output and lse into shared memory, over the K/V buffers.
+  constexpr int kThreadRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
+  float row_lse[kThreadRows];
+  auto out_rows = rowcol_view(acc_o);
+  softmax.finalize(out_rows, params.scale, row_lse);
+  cp_async_wait<0>();  // only empty groups can be left; no copy may land in the merge area
+  __syncthreads();      // every warp is done reading its buffers
+  float* merge_o = reinterpret_cast<float*>(smem + Config::kQBytes);  // [warp][row][kMergeStride]
+  float* merge_lse = merge_o + kWarps * kRows * Config::kMergeStride;  // [warp][row]
+  Tensor acc_coords = rowcol_view(thr_mma.partition_C(make_identity_tensor(QTile{})));
+  CUTE_UNROLL
+  for (int r = 0; r < kThreadRows; ++r) {
+    const int row = get<0>(acc_coords(r, 0));
+    float* dst = merge_o + (warp * kRows + row) * Config::kMergeStride;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(out_rows); ++c) dst[get<1>(acc_coords(r, c))] = out_rows(r, c);
+    if (get<1>(acc_coords(r, 0)) == 0) merge_lse[warp * kRows + row] = row_lse[r];
+  }
+  __syncthreads();
+
+  // Each thread: 8 columns of a row, over the warps.
+  constexpr int kChunks = kHeadDim / 8;
+  const bool to_accum = params.num_splits > 1;
+  for (int i = tid; i < kRows * kChunks; i += Config::kThreads) {
+    const int row = i / kChunks, col = i % kChunks * 8;
+    if (row >= rows_left || col >= params.head_dim) continue;
+    float lse_max = -INFINITY;
+    CUTE_UNROLL
+    for (int w = 0; w < kWarps; ++w) lse_max = fmaxf(lse_max, merge_lse[w * kRows + row]);
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int w = 0; w < kWarps; ++w) sum += lse_max == -INFINITY ? 0.f : __expf(merge_lse[w * kRows + row] - lse_max);
+    // exp(-inf) = 0: a warp that saw no key of the row weighs nothing; with none at all, all do.
+    const float lse = lse_max == -INFINITY ? -INFINITY : lse_max + __logf(sum);
+    float acc[8] = {};
+    CUTE_UNROLL
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = lse == -INFINITY ? 0.f : __expf(merge_lse[w * kRows + row] - lse);
+      const float4* src = reinterpret_cast<const float4*>(merge_o + (w * kRows + row) * Config::kMergeStride + col);
+      const float4 a = src[0], b = src[1];
+      acc[0] += weight * a.x; acc[1] += weight * a.y; acc[2] += weight * a.z; acc[3] += weight * a.w;
+      acc[4] += weight * b.x; acc[5] += weight * b.y; acc[6] += weight * b.z; acc[7] += weight * b.w;
+    }
+    if (to_accum) {  // split-KV: this split's normalised output and lse, in fp32
+      float4* dst = reinterpret_cast<float4*>(params.out_accum + tile_rows.accum_row(row) * params.head_dim_accum + col);
+      dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      if (col == 0) params.lse_accum[tile_rows.accum_row(row)] = lse;
+    } else {
+      alignas(16) Element out[8];
+      CUTE_UNROLL
+      for (int c = 0; c < 8; ++c) out[c] = Element(acc[c]);
+      *reinterpret_cast<uint4*>(tile_rows.out_row(row) + col) = *reinterpret_cast<const uint4*>(out);
+      if (col == 0) tile_rows.lse_at(row) = lse;
+    }
+  }
+}
+
+}  // namespace fa::sm80
