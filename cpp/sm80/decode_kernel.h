@@ -239,7 +239,9 @@ __global__ void __launch_bounds__(Config::kThreads)
     const int row = get<0>(acc_coords(r, 0));
     float* dst = merge_o + (warp * kRows + row) * Config::kMergeStride;
     CUTE_UNROLL
-    for (int c = 0; c < size<1>(out_rows); ++c) dst[get<1>(acc_coords(r, c))] = out_rows(r, c);
+    for (int c = 0; c < size<1>(out_rows); c += 2) {  // a thread's two adjacent columns: one 8-byte store
+      *reinterpret_cast<float2*>(dst + get<1>(acc_coords(r, c))) = make_float2(out_rows(r, c), out_rows(r, c + 1));
+    }
     if (get<1>(acc_coords(r, 0)) == 0) merge_lse[warp * kRows + row] = row_lse[r];
   }
   __syncthreads();

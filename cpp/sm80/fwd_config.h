@@ -142,9 +142,10 @@ struct DecodeConfig {
   static constexpr int kQBytes = int(cute::cosize(SmemLayoutQ{})) * int(sizeof(Element));
   static constexpr int kKVBytes = int(cute::cosize(SmemLayoutKV{})) * int(sizeof(Element));  // one K or V slice
   static constexpr int kWarpBytes = 2 * kStages * kKVBytes;  // a warp's K and V buffers
-  // The merge: each warp's normalised fp32 output rows (padded by 4 floats against bank
-  // conflicts, 16-byte aligned) and lse, in the K/V buffers once every warp is done with them.
-  static constexpr int kMergeStride = kHeadDim + 4;
+  // The merge: each warp's normalised fp32 output rows and lse, in the K/V buffers once every warp
+  // is done with them. Rows padded by 8 floats: a warp's 8-byte stores of its accumulator (rows
+  // lane / 4 and + 8, columns 2 · (lane % 4) + 8j) then fill 32 banks in each half-warp phase.
+  static constexpr int kMergeStride = kHeadDim + 8;
   static constexpr int kMergeBytes = kWarps * kRows * (kMergeStride + 1) * int(sizeof(float));
   static constexpr int kSmemBytes = kQBytes + (kWarps * kWarpBytes > kMergeBytes ? kWarps * kWarpBytes : kMergeBytes);
 };

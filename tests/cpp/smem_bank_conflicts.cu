@@ -6,7 +6,7 @@
 //     phase is one wavefront when its 8 rows fall in 8 different 16-byte bank groups.
 //   32-bit stores (the backward's P and dS tiles): one wavefront when the 32 threads hit 32
 //     different banks (or the same word).
-//   64-bit stores (the backward's staged fp32 dQ tile): two phases of 16 threads, each one
+//   64-bit stores (the backward's staged fp32 dQ tile, the decode kernel's merge): two phases of 16 threads, each one
 //     wavefront when its 16 threads' 8-byte words cover distinct bank pairs.
 //
 // Prints, per pattern, the wavefronts a warp instruction needs beyond the minimum, and exits 1
@@ -178,6 +178,25 @@ void check_forward(const char* tag) {
   check_ldmatrix(n + "O += P V: V", make_tiled_copy_B(LdsmT<E>{}, typename C::TiledMma{}), typename C::SmemLayoutVt{});
 }
 
+// The key-splitting decode kernel (decode_kernel.h): its one-warp MMA's ldmatrix reads of Q, of a
+// warp's K slice and of its V slice, and the merge's 8-byte stores of each warp's fp32 output (row
+// stride kMergeStride floats), as the kernel writes them.
+template <class C>
+void check_decode(const char* tag) {
+  check_forward<C>(tag);
+  auto mma = typename C::TiledMma{};
+  auto coords = [&](int t) {
+    return mma.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<C::kRows>, Int<C::kHeadDim>>{}));
+  };
+  int extra = 0, instructions = 0;
+  for (int i = 0; i < size(coords(0)); i += 2, ++instructions) {
+    int bytes[32];
+    for (int t = 0; t < 32; ++t) bytes[t] = (get<0>(coords(t)(i)) * C::kMergeStride + get<1>(coords(t)(i))) * 4;
+    extra += extra_wavefronts_dwords(bytes);
+  }
+  report(std::string("fwd ") + tag + " merge stores", extra, instructions);
+}
+
 }  // namespace
 
 int main() {
@@ -194,6 +213,9 @@ int main() {
   check_forward<fa::sm80::ForwardConfigFor<half, 64>>("d64");
   check_forward<fa::sm80::ForwardConfigFor<half, 128>>("d128");
   check_forward<fa::sm80::ForwardConfigFor<half, 256>>("d256");
+  check_decode<fa::sm80::DecodeConfig<half, 64, 4, 64, 2>>("decode d64");
+  check_decode<fa::sm80::DecodeConfig<half, 128, 4, 32, 2>>("decode d128");
+  check_decode<fa::sm80::DecodeConfig<half, 256, 4, 16, 2>>("decode d256");
   check_backward<fa::sm80::BackwardConfigFor<half, 32>>("d32");
   check_backward<fa::sm80::BackwardConfigFor<half, 64>>("d64");
   check_backward<fa::sm80::BackwardConfigFor<half, 96>>("d96");
