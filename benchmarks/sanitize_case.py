@@ -61,8 +61,8 @@ def varlen():
 def kvcache():
     used = torch.tensor([0, 1, 77, 300, 513], dtype=torch.int32, device="cuda")
     b, hk = used.numel(), 2
-    # 8 query heads: 4 or 12 packed rows (the key-splitting decode kernel); 36: 18 or 54 (the
-    # 64-row decode tile).
+    # 8 query heads: 4 or 12 packed rows (the key-splitting decode kernel's 16-row tile); 36: 18
+    # (its 32-row tile up to D = 128) or 54 (the 64-row decode tile).
     for hq, d in ((8, 64), (8, 128), (8, 256), (36, 64), (36, 128), (36, 256)):
         for sq in (1, 3):
             q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.float16)

@@ -63,10 +63,11 @@ def check(q, k_cache, v_cache, seqlens, page_table, keys, values, causal=True, n
 USED = [0, 1, 150, 300, 77]
 
 
-# Query heads for 2 kv heads: a group of 4 (4 or 16 packed rows with Sq 1 or 4: the key-splitting
-# decode kernel, sm80/decode_kernel.h) or of 18 (18 or 72 rows: the 64-row decode tile of
-# sm80/fwd_kernel.h, 72 over two tiles).
-HEADS_Q = pytest.mark.parametrize("hq", [8, 36], ids=["rows<=16", "rows>16"])
+# Query heads for 2 kv heads, so that each decode kernel serves some of the cases (packed rows =
+# group · Sq): a group of 4 (4 or 16 rows with Sq 1 or 4: the key-splitting kernel's 16-row tile,
+# sm80/decode_kernel.h), of 8 (8 or 32: its 16- and 32-row tiles; the 64-row tile at D = 256) or
+# of 34 (34 or 136 rows: the 64-row decode tile of sm80/fwd_kernel.h, 136 over three tiles).
+HEADS_Q = pytest.mark.parametrize("hq", [8, 16, 68], ids=["group4", "group8", "group34"])
 
 
 @HEADS_Q
@@ -85,7 +86,7 @@ def test_paged_cache(device, hq, page_size, sq):
     check(*args)
 
 
-@pytest.mark.parametrize("hq", [4, 24], ids=["rows<=16", "rows>16"])
+@pytest.mark.parametrize("hq", [4, 24, 40], ids=["rows4", "rows24", "rows40"])  # the three decode tiles
 @pytest.mark.parametrize("page_size", [None, 16])
 def test_splits_give_the_same_answer(device, hq, page_size):
     q, k, v, seqlens, pages, keys, values = make_cache([1000, 3, 517], hq, 1, 1, 64, torch.float16, device,

@@ -1,5 +1,6 @@
 // The Ampere family's key-splitting decode kernel: fa.forward_kvcache when a kv head's group has
-// at most 16 query rows (group · Sq <= 16; e.g. decoding one token with 4 query heads a kv head).
+// at most 16 query rows (group · Sq <= 16; e.g. decoding one token with 4 query heads a kv head),
+// or 32 at head dims up to 128 (e.g. 8 query heads a kv head with Sq 4).
 //
 // Why a kernel of its own. Decoding reads the K/V cache once and does little math per byte; what
 // bounds it is how steadily the loads stream. fwd_kernel.h's decode tile stacks its warps along 64
@@ -8,11 +9,11 @@
 // Here the warps sit side by side along the keys (as FlashDecoding and cuDNN's decode kernel do):
 //
 // Tile plan. A CTA serves one kv head of one batch entry (one share of its keys with split-KV) and
-// 16 packed query rows (decode_rows.h). Each step covers kBlockN = kWarps · kWarpKeys keys; warp w
+// kRows (16 or 32) packed query rows (decode_rows.h). Each step covers kBlockN = kWarps · kWarpKeys keys; warp w
 // owns keys [w · kWarpKeys, (w + 1) · kWarpKeys) of every step. A warp computes S = Q Kᵀ for its
-// slice (16 rows × kWarpKeys) with Q held in registers (read from shared memory each step at
-// D = 256, where registers run out), folds it into its own online softmax, and
-// accumulates its own O (16 rows × D, fp32) from its slice of V.
+// slice (kRows × kWarpKeys) with Q held in registers (read from shared memory each step where
+// registers run out: 16 rows at D = 256, 32 rows at D > 64), folds it into its own online softmax,
+// and accumulates its own O (kRows × D, fp32) from its slice of V.
 //
 // Pipeline and synchronisation. Each warp copies its own K and V slices with cp.async into its own
 // kStages buffers, so the warps never wait for each other in the mainloop: step on key tile n,

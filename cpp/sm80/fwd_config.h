@@ -110,24 +110,25 @@ namespace fa::sm80 {
 
 // The key-splitting decode kernel (decode_kernel.h): kWarps warps side by side along the keys,
 // each with its own kWarpKeys-key slice of every step, its own kStages-deep K/V buffers in shared
-// memory and its own online softmax over kRows packed query rows; the warps' results are merged
-// once, at the end. One warp covers the rows, so its MMA is a single m16n8k16 column of atoms.
-template <class Element_, int kHeadDim_, int kWarps_, int kWarpKeys_, int kStages_>
+// memory and its own online softmax over kRows (16 or 32) packed query rows; the warps' results are
+// merged once, at the end. One warp covers the rows: its MMA is a column of kRows / 16 m16n8k16 atoms.
+template <class Element_, int kHeadDim_, int kRows_, int kWarps_, int kWarpKeys_, int kStages_>
 struct DecodeConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kRows = 16;                 // packed query rows per CTA (fa::kDecodeKeySplitRows)
+  static constexpr int kRows = kRows_;             // packed query rows per CTA
   static constexpr int kWarps = kWarps_;
   static constexpr int kWarpKeys = kWarpKeys_;     // keys of a warp's slice of a step
   static constexpr int kBlockN = kWarps * kWarpKeys;  // keys per step
   static constexpr int kStages = kStages_;         // K/V buffers per warp
   static constexpr int kThreads = kWarps * 32;
-  static_assert(kHeadDim % 32 == 0 && kWarpKeys % 16 == 0 && kStages >= 2 && kStages <= 4);
+  static_assert(kHeadDim % 32 == 0 && kRows % 16 == 0 && kWarpKeys % 16 == 0 && kStages >= 2 && kStages <= 4);
 
   using TiledMma = Sm80TiledMma<Element, 1, 1>;
-  // Q's fragments stay in registers (D / 4 a thread) beside O's fp32 accumulator (D / 2) up to
-  // D = 128; at 256 the two would spill, so Q is read from shared memory each step.
-  static constexpr bool kQInRegisters = kHeadDim <= 128;
+  // Q's fragments stay in registers (kRows · D / 64 a thread) beside O's fp32 accumulator
+  // (kRows · D / 32) up to 16 rows × 128; beyond, the two would spill, so Q is read from shared
+  // memory each step.
+  static constexpr bool kQInRegisters = kRows * kHeadDim <= 16 * 128;
 
   using Smem = SmemTileShape<Element, kHeadDim>;
   using SmemLayoutQ = typename Smem::template TileLayout<kRows>;

@@ -42,18 +42,24 @@ struct DecodeTile {
   static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
 };
 
-// The key-splitting decode kernel's slices (decode_kernel.h): 4 warps of kWarpKeys keys a step, so
-// that a warp's K and V slices are 16 KB a buffer at D = 64, 128 and 256 (12 KB at 96, 8 KB at 32),
-// two buffers a warp: at most 136 KB of shared memory, one CTA an SM (and it fits an A100). Measured
-// on the H100 at D = 128 (benchmarks/NOTES.md, KV-cache v3) against three buffers of 32 keys (196
-// KB), three or four of 16 keys (100 KB, two CTAs an SM; 132 KB) and 8 warps of 16 keys: the
-// fastest on every decode row it serves but B8 paged 16, where three buffers of 16 keys read 0.3-1.3%
-// faster.
-template <int kHeadDim>
+// The key-splitting decode kernel's slices (decode_kernel.h), for kRows packed rows. 16 rows: 4 warps
+// of kWarpKeys keys a step, so that a warp's K and V slices are 16 KB a buffer at D = 64, 128 and
+// 256 (12 KB at 96, 8 KB at 32), two buffers a warp: at most 136 KB of shared memory, one CTA an SM
+// (and it fits an A100). Measured on the H100 at D = 128 (benchmarks/NOTES.md, KV-cache v3) against
+// three buffers of 32 keys (196 KB), three or four of 16 keys (100 KB, two CTAs an SM; 132 KB) and
+// 8 warps of 16 keys: the fastest on every decode row it serves but B8 paged 16, where three
+// buffers of 16 keys read 0.3-1.3% faster. 32 rows: half the keys a warp, so that S and P take
+// the registers they take at 16 rows (with 32 keys at D = 128 ptxas spilled 12 bytes), three
+// buffers deep (at most 104 KB: two CTAs an SM, which the registers allow too).
+template <int kHeadDim, int kRows>
 struct DecodeSplitTile {
-  static constexpr int kWarps = 4, kStages = 2;
-  static constexpr int kWarpKeys = kHeadDim <= 64 ? 64 : kHeadDim <= 128 ? 32 : 16;
+  static constexpr int kWarps = 4, kStages = kRows == 16 ? 2 : 3;
+  static constexpr int kWarpKeys = (kHeadDim <= 64 ? 64 : kHeadDim <= 128 ? 32 : 16) * 16 / kRows;
 };
+template <class Element, int kHeadDim, int kRows>
+using DecodeConfigFor = DecodeConfig<Element, kHeadDim, kRows, DecodeSplitTile<kHeadDim, kRows>::kWarps,
+                                     DecodeSplitTile<kHeadDim, kRows>::kWarpKeys,
+                                     DecodeSplitTile<kHeadDim, kRows>::kStages>;
 
 // Launches `kernel` with kSmem bytes of dynamic shared memory (opting in above 48 KB) and, for a
 // KV-cache call split among CTAs, split-KV's combine pass after it.
@@ -89,7 +95,7 @@ using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTile<kHeadDim>:
                                        ForwardTile<kHeadDim>::kBlockN, ForwardTile<kHeadDim>::kWarps,
                                        ForwardTile<kHeadDim>::kStages>;
 
-// The key-splitting decode kernel: a CTA per kv head and 16 packed rows, kWarps warps along the keys.
+// The key-splitting decode kernel: a CTA per kv head and kRows packed rows, kWarps warps along the keys.
 template <class Config, bool kCausal>
 cudaError_t launch_decode(const ForwardParams& params, cudaStream_t stream) {
   const int rows = params.seqlen_q * (params.heads_q / params.heads_kv);
@@ -113,10 +119,14 @@ template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
   using Element = cutlass_element_t<ElementTag>;
   if (params.seqused_k != nullptr) {
-    if (params.seqlen_q * (params.heads_q / params.heads_kv) <= kDecodeKeySplitRows) {
-      using Split = DecodeSplitTile<kHeadDim>;
-      using Config = DecodeConfig<Element, kHeadDim, Split::kWarps, Split::kWarpKeys, Split::kStages>;
-      if (smem_fits(Config::kSmemBytes)) return launch_decode<Config, kCausal>(params, stream);
+    // The key-splitting kernel with 16 rows, or 32 up to D = 128 (at 256, 32 rows' O accumulators
+    // would not fit the registers); the 64-row tile for more rows, or where shared memory is short.
+    const int rows = params.seqlen_q * (params.heads_q / params.heads_kv);
+    using Rows16 = DecodeConfigFor<Element, kHeadDim, 16>;
+    if (rows <= 16 && smem_fits(Rows16::kSmemBytes)) return launch_decode<Rows16, kCausal>(params, stream);
+    if constexpr (kHeadDim <= 128) {
+      using Rows32 = DecodeConfigFor<Element, kHeadDim, 32>;
+      if (rows <= 32 && smem_fits(Rows32::kSmemBytes)) return launch_decode<Rows32, kCausal>(params, stream);
     }
     using Tile = DecodeTile<kHeadDim>;
     using Config = ForwardConfig<Element, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kWarps, Tile::kStages>;

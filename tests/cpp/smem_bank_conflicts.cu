@@ -213,9 +213,11 @@ int main() {
   check_forward<fa::sm80::ForwardConfigFor<half, 64>>("d64");
   check_forward<fa::sm80::ForwardConfigFor<half, 128>>("d128");
   check_forward<fa::sm80::ForwardConfigFor<half, 256>>("d256");
-  check_decode<fa::sm80::DecodeConfig<half, 64, 4, 64, 2>>("decode d64");
-  check_decode<fa::sm80::DecodeConfig<half, 128, 4, 32, 2>>("decode d128");
-  check_decode<fa::sm80::DecodeConfig<half, 256, 4, 16, 2>>("decode d256");
+  check_decode<fa::sm80::DecodeConfigFor<half, 64, 16>>("decode d64");
+  check_decode<fa::sm80::DecodeConfigFor<half, 128, 16>>("decode d128");
+  check_decode<fa::sm80::DecodeConfigFor<half, 256, 16>>("decode d256");
+  check_decode<fa::sm80::DecodeConfigFor<half, 64, 32>>("decode d64 32 rows");
+  check_decode<fa::sm80::DecodeConfigFor<half, 128, 32>>("decode d128 32 rows");
   check_backward<fa::sm80::BackwardConfigFor<half, 32>>("d32");
   check_backward<fa::sm80::BackwardConfigFor<half, 64>>("d64");
   check_backward<fa::sm80::BackwardConfigFor<half, 96>>("d96");
