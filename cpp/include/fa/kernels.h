@@ -17,11 +17,10 @@ inline constexpr int kBackwardRowPadding = 128;
 // Query rows of the Ampere family's KV-cache (decode) tile: a CTA serves one kv head, its rows the
 // group's query heads × positions (sm80/fwd_launch.h DecodeTile). The binding sizes split-KV by it.
 inline constexpr int kDecodeBlockM = 64;
-// Up to 16 packed rows (group · seqlen_q), or 32 at head dims up to 128, the KV-cache call runs the
-// key-splitting decode kernel (sm80/decode_kernel.h) instead, with a 16- or 32-row tile, where the
-// device's shared memory allows it.
-// The query rows of a decode CTA for `rows` packed rows: the binding sizes split-KV by it (where
-// the 64-row tile serves up to 32 rows instead, the CTA count is the same: one a kv head).
+// The query rows of a decode CTA for `rows` packed rows (group · seqlen_q); the binding sizes
+// split-KV by it. Up to 16 rows, or 32 at head dims up to 128, the key-splitting decode kernel
+// (sm80/decode_kernel.h) serves the call with a 16- or 32-row tile where the device's shared memory
+// allows it; where the 64-row tile serves up to 32 rows instead, the CTA count is the same.
 constexpr int decode_block_m(long long rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : kDecodeBlockM; }
 
 namespace sm80 {
