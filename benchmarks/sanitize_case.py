@@ -13,7 +13,8 @@ varlen: a variable-length batch (fa.attention_varlen) with empty sequences on ei
 one-row and odd-length ones, Sq != Sk per sequence, on each family.
 kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 and 256, a shuffled
 page table), empty and odd-length entries, Sq 1 and 3, one split and several, on both decode
-kernels (group · Sq up to 16 packed rows, and more)."""
+kernels (group · Sq up to 16 packed rows, and more), and again as a GPU with 99 KB of shared memory
+a CTA (FA_MAX_SHARED_MEMORY) would run some of them."""
 
 import os
 import sys
@@ -59,11 +60,21 @@ def varlen():
 
 
 def kvcache():
+    kvcache_cases()
+    # As a GPU with 99 KB of shared memory a CTA (sm86/sm89) would run them: the 64-row tile only,
+    # with two K/V buffers at D = 128.
+    os.environ["FA_MAX_SHARED_MEMORY"] = str(99 * 1024)
+    kvcache_cases(((8, 128), (36, 64), (36, 256)))
+    del os.environ["FA_MAX_SHARED_MEMORY"]
+    print("sanitize case done: kvcache")
+
+
+def kvcache_cases(heads_and_dims=((8, 64), (8, 128), (8, 256), (36, 64), (36, 128), (36, 256))):
     used = torch.tensor([0, 1, 77, 300, 513], dtype=torch.int32, device="cuda")
     b, hk = used.numel(), 2
     # 8 query heads: 4 or 12 packed rows (the key-splitting decode kernel's 16-row tile); 36: 18
     # (its 32-row tile up to D = 128) or 54 (the 64-row decode tile).
-    for hq, d in ((8, 64), (8, 128), (8, 256), (36, 64), (36, 128), (36, 256)):
+    for hq, d in heads_and_dims:
         for sq in (1, 3):
             q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.float16)
             k = torch.randn(b, hk, 520, d, device="cuda", dtype=torch.float16)  # capacity past the longest
@@ -74,7 +85,6 @@ def kvcache():
                     table = torch.randperm(b * pages_per_entry, device="cuda").int().view(b, pages_per_entry)
                     kp = torch.randn(b * pages_per_entry, page, hk, d, device="cuda", dtype=torch.float16)
                     fa.attention_kvcache(q, kp, torch.randn_like(kp), used, table, causal=sq == 3, num_splits=splits)
-    print("sanitize case done: kvcache")
 
 
 for part in parts:

@@ -104,6 +104,29 @@ def test_head_dims(device, hq, head_dim):
     check(*make_cache([40, 200], hq, 2, 2, head_dim, torch.float16, device, page_size=16), num_splits=2)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_gpu_with_99_kb_of_shared_memory(monkeypatch, head_dim):
+    # RTX 30/40 (sm86/sm89) let a CTA have 99 KB of shared memory: the key-splitting decode kernel
+    # (up to 136 KB) does not fit, nor at D = 128 the 64-row tile's three K/V buffers (112 KB),
+    # which then takes two. FA_MAX_SHARED_MEMORY makes this GPU pick as such a GPU would; were no
+    # tile to fit the limit, the call would fail (the dispatch refuses one that does not fit).
+    if not torch.cuda.is_available() or "sm80" not in fa.build_info()["kernel_families"]:
+        pytest.skip("needs a CUDA GPU and the Ampere family's kernels")
+    monkeypatch.setenv("FA_MAX_SHARED_MEMORY", str(99 * 1024))
+    for hq, sq, page_size in ((8, 1, 16), (32, 3, None)):  # 4 and 48 packed rows a kv head
+        check(*make_cache([300, 77], hq, 2, sq, head_dim, torch.float16, "cuda", page_size=page_size))
+
+
+def test_shared_memory_limit_below_every_tile_is_an_error(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    monkeypatch.setenv("FA_MAX_SHARED_MEMORY", "4096")
+    q, k, v, seqlens, pages, _, _ = make_cache([30], 8, 2, 1, 128, torch.float16, "cuda", page_size=16)
+    with pytest.raises(RuntimeError, match="resources"):
+        fa.attention_kvcache(q, k, v, seqlens, pages)
+        torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("page_size", [None, 16])
 def test_group_rows_span_several_tiles(device, page_size):
     # MQA with 32 query heads and Sq 3: 96 packed rows per kv head, two query tiles of the decode

@@ -2,6 +2,8 @@
 // the shared-memory opt-in.
 #pragma once
 
+#include <cstdlib>
+
 #include <cuda_runtime_api.h>
 
 #include "common/element.h"
@@ -104,33 +106,49 @@ cudaError_t launch_decode(const ForwardParams& params, cudaStream_t stream) {
                                                                          Config::kThreads, params, stream, true);
 }
 
-// Whether the current device lets a CTA have `bytes` of shared memory (228 KB an SM on the H100,
-// 164 KB on the A100, 100 KB on sm86/89).
-inline bool smem_fits(int bytes) {
+// The shared memory a CTA may opt in to on this device (227 KB on the H100, 163 KB on the A100,
+// 99 KB on sm86/sm89), or less where the environment variable FA_MAX_SHARED_MEMORY (bytes) says
+// so: the KV-cache dispatch then picks the tiles a GPU with that much would get, which is how the
+// tests run an RTX 30/40's choice on a larger GPU. 0 where the runtime cannot say.
+inline int smem_optin_bytes() {
   int device = 0, optin = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    return false;
+    return 0;
   }
-  return bytes <= optin;
+  if (const char* cap = std::getenv("FA_MAX_SHARED_MEMORY")) {
+    const long bytes = std::strtol(cap, nullptr, 10);
+    if (bytes > 0 && bytes < optin) optin = int(bytes);
+  }
+  return optin;
 }
+
+// The least shared memory a CTA may opt in to on a GPU the Ampere family runs on (sm86/sm89):
+// every head dim has a KV-cache tile that fits in it.
+inline constexpr int kLeastOptinSmemBytes = 99 * 1024;
 
 template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
   using Element = cutlass_element_t<ElementTag>;
   if (params.seqused_k != nullptr) {
     // The key-splitting kernel with 16 rows, or 32 up to D = 128 (at 256, 32 rows' O accumulators
-    // would not fit the registers); the 64-row tile for more rows, or where shared memory is short.
+    // would not fit the registers); the 64-row tile for more rows, or where shared memory is short:
+    // with two K/V buffers where three do not fit (sm86/sm89 at D = 128: 112 KB against 99 KB).
     const int rows = params.seqlen_q * (params.heads_q / params.heads_kv);
+    const int smem = smem_optin_bytes();
     using Rows16 = DecodeConfigFor<Element, kHeadDim, 16>;
-    if (rows <= 16 && smem_fits(Rows16::kSmemBytes)) return launch_decode<Rows16, kCausal>(params, stream);
+    if (rows <= 16 && Rows16::kSmemBytes <= smem) return launch_decode<Rows16, kCausal>(params, stream);
     if constexpr (kHeadDim <= 128) {
       using Rows32 = DecodeConfigFor<Element, kHeadDim, 32>;
-      if (rows <= 32 && smem_fits(Rows32::kSmemBytes)) return launch_decode<Rows32, kCausal>(params, stream);
+      if (rows <= 32 && Rows32::kSmemBytes <= smem) return launch_decode<Rows32, kCausal>(params, stream);
     }
     using Tile = DecodeTile<kHeadDim>;
     using Config = ForwardConfig<Element, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kWarps, Tile::kStages>;
-    return launch_forward<Config, kCausal, true>(params, stream);
+    if (Config::kSmemBytes <= smem) return launch_forward<Config, kCausal, true>(params, stream);
+    using TwoBuffers = ForwardConfig<Element, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kWarps, 2>;
+    static_assert(TwoBuffers::kSmemBytes <= kLeastOptinSmemBytes, "a KV-cache tile for sm86/sm89");
+    if (TwoBuffers::kSmemBytes <= smem) return launch_forward<TwoBuffers, kCausal, true>(params, stream);
+    return cudaErrorLaunchOutOfResources;  // no tile fits this device's shared memory
   }
   return launch_forward<ForwardConfigFor<Element, kHeadDim>, kCausal>(params, stream);
 }
