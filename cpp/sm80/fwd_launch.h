@@ -2,6 +2,7 @@
 // the shared-memory opt-in.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 
 #include <cuda_runtime_api.h>
@@ -109,12 +110,17 @@ cudaError_t launch_decode(const ForwardParams& params, cudaStream_t stream) {
 // The shared memory a CTA may opt in to on this device (227 KB on the H100, 163 KB on the A100,
 // 99 KB on sm86/sm89), or less where the environment variable FA_MAX_SHARED_MEMORY (bytes) says
 // so: the KV-cache dispatch then picks the tiles a GPU with that much would get, which is how the
-// tests run an RTX 30/40's choice on a larger GPU. 0 where the runtime cannot say.
+// tests run an RTX 30/40's choice on a larger GPU. 0 where the runtime cannot say. The device's
+// figure is asked of the runtime once per device: a KV-cache call runs at every decoded token.
 inline int smem_optin_bytes() {
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices] = {};
   int device = 0, optin = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    return 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (device < kDevices) optin = known[device].load(std::memory_order_relaxed);
+  if (optin == 0) {
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+    if (device < kDevices) known[device].store(optin, std::memory_order_relaxed);
   }
   if (const char* cap = std::getenv("FA_MAX_SHARED_MEMORY")) {
     const long bytes = std::strtol(cap, nullptr, 10);
