@@ -70,6 +70,18 @@ struct OnlineSoftmax {
     exponentiate(scores, scale_log2);
   }
 
+  // rescale_scores() in two parts, for a mainloop that waits for O's GEMM between them: the new
+  // maxima and the first kFirstRows rows' probabilities, then the other rows' probabilities.
+  template <bool kMayBeEmpty, int kFirstRows, class Scores>
+  CUTE_DEVICE void rescale_scores_first_rows(Scores& scores, float scale_log2) {
+    advance_max<kMayBeEmpty>(scores, scale_log2);
+    exponentiate<0, kFirstRows>(scores, scale_log2);
+  }
+  template <int kFirstRows, class Scores>
+  CUTE_DEVICE void rescale_scores_other_rows(Scores& scores, float scale_log2) {
+    exponentiate<kFirstRows, kRows>(scores, scale_log2);
+  }
+
   // Rescales acc_o by the corrections of the last rescale_scores(). Rescaling O is a multiply per
   // accumulator element. Where a row's max did not move its correction is exactly 1, so the warp
   // skips the multiplies when none of its rows moved: the common case once a long row has seen its
@@ -129,12 +141,12 @@ struct OnlineSoftmax {
     }
   }
 
-  // scores -> exp2(s · scale_log2 - max_scaled), summed into the row sums.
-  template <class Scores>
+  // scores -> exp2(s · scale_log2 - max_scaled), summed into the row sums (rows [kBegin, kEnd)).
+  template <int kBegin = 0, int kEnd = kRows, class Scores>
   CUTE_DEVICE void exponentiate(Scores& scores, float scale_log2) {
     using namespace cute;
     CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
+    for (int r = kBegin; r < kEnd; ++r) {
       float sum = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(scores); ++c) {

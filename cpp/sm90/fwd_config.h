@@ -33,6 +33,13 @@ struct ForwardConfig {
   static constexpr int kMmaRegisters = kMmaWarpgroups == 2 ? 240 : 160;
   static_assert(kProducerRegisters * 128 + kMmaRegisters * kMmaThreads <= 65536);
 
+  // How many of a thread's two rows of S have their exponentials computed before the wait for
+  // the previous step's O GEMM (fwd_mainloop.h); -1: no fence, the compiler places the wait.
+  // Measured (benchmarks/NOTES.md): one row with two consumer warpgroups (D = 128: 0.5–3% faster
+  // than no fence, D = 256 level to 2% faster; both rows lose at D = 128); none with three (D = 64:
+  // one row 2–4.5% slower).
+  static constexpr int kRowsBeforeOWait = kMmaWarpgroups == 2 ? 1 : -1;
+
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
   using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
   using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>;

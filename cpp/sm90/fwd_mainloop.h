@@ -107,6 +107,18 @@ struct ForwardMainloop {
     // which the compiler schedules together (the exponentials, bound by MUFU throughput, interleave
     // with the rest). Measured up to 5% faster at D = 64, level to 3% faster at D = 128
     // (benchmarks/NOTES.md).
+    //
+    // Where the wait for O's GEMM goes: P's conversion overwrites the registers that GEMM reads,
+    // and ptxas interleaves the conversions with the exponentials and so hoists the wait above
+    // every exponential: the warpgroup's softmax then never runs under its own O GEMM. With
+    // kRowsBeforeOWait = r ≥ 0, the wait follows a test of the first r rows' sums, so their
+    // exponentials come first. The test is never true (a sum of exponentials is not -1, and NaN
+    // compares unequal) and warp-uniform (a vote): every thread of the warpgroup reaches the wait
+    // at the same instruction, as wgmma.wait_group's .aligned requires.
+    auto wait_o_after = [&](float row_sums) {
+      if (!__all_sync(0xffffffffu, row_sums != -1.f)) __trap();
+      gemm_wait<0>(acc_o);
+    };
     auto step = [&](int n, auto masked) {
       wait_k();
       turns.wait();
@@ -115,8 +127,24 @@ struct ForwardMainloop {
       turns.pass();
       gemm_wait<1>(acc_s);  // S[n] done; O's GEMM may still run
       release(pipeline_k, k_state);
-      softmax_of(n, masked);
-      gemm_wait<0>(acc_o);
+      if constexpr (Config::kRowsBeforeOWait < 0) {
+        softmax_of(n, masked);
+        gemm_wait<0>(acc_o);
+      } else {
+        constexpr int kFirst = Config::kRowsBeforeOWait;
+        auto scores = rowcol_view(acc_s);
+        if constexpr (decltype(masked)::value) {
+          mask.apply_rows(scores, rowcol_view(tScS), row0, n * kBlockN);
+          softmax.template rescale_scores_first_rows<kCausal, kFirst>(scores, p.scale_log2);
+        } else {
+          softmax.template rescale_scores_first_rows<false, kFirst>(scores, p.scale_log2);
+        }
+        float sums = 0.f;
+        CUTE_UNROLL
+        for (int r = 0; r < kFirst; ++r) sums += softmax.row_sum[r];
+        wait_o_after(sums);
+        softmax.template rescale_scores_other_rows<kFirst>(scores, p.scale_log2);
+      }
       release(pipeline_v, v_state);
       probs = convert_fragment<Element>(acc_s);
       auto out_rows = rowcol_view(acc_o);
