@@ -8,7 +8,9 @@ K/V buffers alternate), and head dims between the kernels' (40 runs on 64, 104 o
 backward once per kernel family the GPU can run (FA_KERNEL_FAMILY), including a causal case with
 rows that see no key, a persistent grid that gives a CTA several tiles, a backward whose key tiles
 walk many query tiles of each head of a GQA group, and 8269 keys at head dim 128 (the Hopper
-forward's wide key tile, non-causal, with a partial last tile).
+forward's wide key tile, non-causal, with a partial last tile); at D = 256 and with the wide key
+tile (8200 keys), more query tiles than a GPU has SMs, so that a persistent CTA runs several of
+the tiles whose output is staged in Q's buffer.
 varlen: a variable-length batch (fa.attention_varlen) with empty sequences on either side,
 one-row and odd-length ones, Sq != Sk per sequence, on each family.
 kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 and 256, a shuffled
@@ -33,7 +35,7 @@ def dense(backward=True):
         for causal in (False, True):
             for (b, sq, sk, d) in ((1, 77, 133, 64), (1, 130, 61, 40), (1, 77, 133, 128), (1, 130, 61, 104),
                                    (1, 77, 133, 96), (1, 130, 61, 32), (1, 77, 133, 256), (8, 700, 300, 128),
-                                   (1, 33, 8269, 128)):
+                                   (1, 33, 8269, 128), (8, 1100, 200, 256), (4, 1100, 8200, 128)):
                 q = torch.randn(b, 4, sq, d, device="cuda", dtype=torch.float16, requires_grad=backward)
                 k = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=backward)
                 v = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=backward)

@@ -112,10 +112,6 @@ struct BackwardConfig {
   static constexpr int kdQWarpgroupFloats = kBlockM * kHeadDim / kMmaWarpgroups;
   static constexpr bool kdQFromRegisters = kSplitHeadDim;
   static constexpr int kdQStages = kdQFromRegisters ? 0 : 2;
-  // Order of a step's last GEMMs: dQ before dK, so that dQ is staged while dK runs (measured
-  // +2-4% at D = 128), or dK first and dQ staged after both (at kBlockM = 128 the other order has
-  // dQ's accumulator live beside dSᵀ's registers and spills).
-  static constexpr bool kDqBeforeDk = kBlockM < 128;
 
   // The buffers only some configurations have, as base classes present or empty: Pᵀ (split head
   // dim; laid out as dSᵀ, two buffers) and dQ's staging buffers (not with kdQFromRegisters).

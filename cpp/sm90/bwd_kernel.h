@@ -17,11 +17,11 @@
 //                         workspace by bulk reductions (not above head dim 128, see below).
 //   warpgroups 1, 2       consumers: 64 keys each for Sᵀ, dPᵀ, dV, dK; half of dQ's columns each.
 //                         240 registers a thread.
-// A step of a consumer warpgroup: issue Sᵀ and dPᵀ; Pᵀ once Sᵀ is done; issue dV += Pᵀ dO; dSᵀ
-// once dPᵀ is done; write dSᵀ to shared memory (double-buffered); wait for the other warpgroup's
-// half (kdSFull); issue dQ = dS K and dK += dSᵀ Q (dK before the dSᵀ store where kDqBeforeDk is
-// false); once dQ is done, stage it in shared memory for the dQ writer (whose bulk reduction runs
-// on while the next steps compute); once dK is done, release Q and dO.
+// A step of a consumer warpgroup: issue Sᵀ and dPᵀ; Pᵀ once Sᵀ is done; dSᵀ once dPᵀ is done;
+// write dSᵀ to shared memory (double-buffered); issue dV += Pᵀ dO; wait for the other warpgroup's
+// half (kdSFull); issue dQ = dS K and dK += dSᵀ Q; once dQ is done, stage it in shared memory for
+// the dQ writer (whose bulk reduction runs on while dK and the next steps compute); once dK is
+// done, release Q and dO.
 //
 // Above head dim 128 (Config::kSplitHeadDim, 64 keys a CTA): the consumer warpgroups split the
 // queries for Sᵀ and dPᵀ and the head dim for dV, dK and dQ. A step: Sᵀ, dPᵀ (32 queries each);
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     Tensor acc_s = partition_fragment_C(mma_sdp, typename Config::TileSt{});
     Tensor acc_dp = partition_fragment_C(mma_sdp, typename Config::TileSt{});
     // The lse and delta values of this thread's query columns are read from shared memory before
-    // the waits for Sᵀ and dPᵀ (lse while Sᵀ runs, delta while dPᵀ and dV do): read after them,
+    // the waits for Sᵀ and dPᵀ (lse while Sᵀ runs, delta while dPᵀ does): read after them,
     // their latency (behind the tensor cores' shared-memory traffic) sat between each GEMM and
     // the math on its result (Nsight Compute's source view: the first use of lse was the
     // kernel's most stalled instruction). Not both at once; and where a thread has 32 query
@@ -232,14 +232,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
     }
     Tensor rP = convert_fragment<Element>(acc_s);
-    if constexpr (!kSplit) {
-      Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
-      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
-    }
     if constexpr (kRowsEarly) read_columns(delta, row_delta);
 
     // dSᵀ = Pᵀ ∘ (dPᵀ - delta).
-    gemm_wait<kSplit ? 0 : 1>(acc_dp);  // (dV, issued behind dPᵀ, may run on)
+    gemm_wait<0>(acc_dp);
     auto dscores = rowcol_view(acc_dp);
     CUTE_UNROLL
     for (int c = 0; c < size<1>(dscores); ++c) {
@@ -249,24 +245,21 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
     }
     Tensor rdS = convert_fragment<Element>(acc_dp);
-    const int ds_buffer = t % 2;
-    auto dk_gemm = [&]() {
-      if constexpr (kSplit) {
-        Tensor tdKrdSt = wg_dkv.partition_fragment_A(sdSt)(_, _, _, ds_buffer);
-        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrdSt, tdKrQt(_, _, _, q_stage), acc_dk);
-      } else {
-        Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_a_operand(acc_dp.layout()));
-        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdKrdS, tdKrQt(_, _, _, q_stage), acc_dk);
-      }
-    };
-    if constexpr (!kSplit && !Config::kDqBeforeDk) dk_gemm();
 
     // dSᵀ (and, split head dim, Pᵀ) to shared memory (buffer t % 2: its previous readers, step
     // t - 2's GEMMs, finished before both warpgroups passed step t - 1's kdSFull), then dQ = dS K
     // over all keys.
+    const int ds_buffer = t % 2;
     copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
     if constexpr (kSplit) copy(copy_ds, thr_copy_ds.retile_S(rP), tPsP(_, _, _, ds_buffer));
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
+    // dV += Pᵀ dO is issued only now, after dSᵀ's store (FA3's order): issued as soon as Pᵀ was
+    // converted, it ran beside the dS math, but the dSᵀ store and so the kdSFull barrier came
+    // later; measured 5-6% faster at D = 64 this way, level at D = 128 (benchmarks/NOTES.md).
+    if constexpr (!kSplit) {
+      Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
+    }
     barrier_sync(BackwardBarrier::kdSFull, Config::kMmaThreads);
     Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQ{});
     Tensor tdQrdS_buffer = tdQrdS(_, _, _, ds_buffer);
@@ -276,19 +269,19 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       // from registers while they run.
       Tensor tdVrPt = wg_dkv.partition_fragment_A(sPt)(_, _, _, ds_buffer);
       gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdVrPt, tdVrdOt(_, _, _, do_stage), acc_dv);
-      dk_gemm();
+      Tensor tdKrdSt = wg_dkv.partition_fragment_A(sdSt)(_, _, _, ds_buffer);
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrdSt, tdKrQt(_, _, _, q_stage), acc_dk);
       gemm_wait<2>(acc_dq);
       add_dq(t, acc_dq);
       gemm_wait<0>(acc_dk);
       warpgroup_fence_operand(acc_dv);
-    } else if constexpr (Config::kDqBeforeDk) {
-      dk_gemm();
-      gemm_wait<1>(acc_dq);  // dV and dQ done; dK runs on while dQ is staged
+    } else {
+      // dK behind dQ; dQ is staged for the dQ writer while dK runs.
+      Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_a_operand(acc_dp.layout()));
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdKrdS, tdKrQt(_, _, _, q_stage), acc_dk);
+      gemm_wait<1>(acc_dq);  // dV and dQ done
       add_dq(t, acc_dq);
       gemm_wait<0>(acc_dk);
-    } else {
-      gemm_wait<0>(acc_dq);  // dV, dK and dQ done
-      add_dq(t, acc_dq);
     }
     pipeline_q.consumer_release(q_state);
     pipeline_do.consumer_release(do_state);
