@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
     // dV += Pᵀ dO is issued only now, after dSᵀ's store (FA3's order): issued as soon as Pᵀ was
     // converted, it ran beside the dS math, but the dSᵀ store and so the kdSFull barrier came
-    // later; measured 5-6% faster at D = 64 this way, level at D = 128 (benchmarks/NOTES.md).
+    // later; measured 4.6-5.9% faster at D = 64 this way, level at D = 128 (benchmarks/NOTES.md).
     if constexpr (!kSplit) {
       Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
       gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
