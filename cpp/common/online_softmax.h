@@ -38,6 +38,7 @@ struct SumOp {
 
 template <int kRows>
 struct OnlineSoftmax {
+  static constexpr int kRowCount = kRows;
   float row_max[kRows];
   float row_sum[kRows];  // this thread's share of the row's sum; the quad's shares add up at the end
 
@@ -64,16 +65,11 @@ struct OnlineSoftmax {
   // update() in two halves, for a mainloop whose O accumulator is still being written by the
   // tensor cores (an asynchronous O += P V of the previous tile) while this tile's softmax runs:
   // rescale_scores() needs only the scores; rescale_output() then touches O once it is complete.
-  template <bool kMayBeEmpty, class Scores>
+  // With kFirstRows < kRows, rescale_scores() computes the new maxima but only the first kFirstRows
+  // rows' probabilities, and rescale_scores_other_rows() the rest (for a mainloop that waits for
+  // O's GEMM between the two).
+  template <bool kMayBeEmpty, int kFirstRows = kRows, class Scores>
   CUTE_DEVICE void rescale_scores(Scores& scores, float scale_log2) {
-    advance_max<kMayBeEmpty>(scores, scale_log2);
-    exponentiate(scores, scale_log2);
-  }
-
-  // rescale_scores() in two parts, for a mainloop that waits for O's GEMM between them: the new
-  // maxima and the first kFirstRows rows' probabilities, then the other rows' probabilities.
-  template <bool kMayBeEmpty, int kFirstRows, class Scores>
-  CUTE_DEVICE void rescale_scores_first_rows(Scores& scores, float scale_log2) {
     advance_max<kMayBeEmpty>(scores, scale_log2);
     exponentiate<0, kFirstRows>(scores, scale_log2);
   }

@@ -60,17 +60,20 @@ struct ForwardMainloop {
 
     const int row0 = w.m_block * kBlockM;
     const int first_masked = mask.first_masked_tile(row0, kBlockN);
-    // The softmax of S = Q K[n]ᵀ in acc_s (masked: true_type where the tile needs the mask); P lands
-    // in probs.
-    auto softmax_of = [&](int n, auto masked) {
+    // The softmax of S = Q K[n]ᵀ in acc_s (masked: true_type where the tile needs the mask), in
+    // place: the new row maxima and the probabilities of the first first_rows rows (all by default;
+    // OnlineSoftmax::rescale_scores_other_rows does the others).
+    auto softmax_of = [&](int n, auto masked, auto first_rows) {
+      constexpr int kFirstRows = decltype(first_rows)::value;
       auto scores = rowcol_view(acc_s);
       if constexpr (decltype(masked)::value) {
         mask.apply_rows(scores, rowcol_view(tScS), row0, n * kBlockN);
-        softmax.template rescale_scores<kCausal>(scores, p.scale_log2);
+        softmax.template rescale_scores<kCausal, kFirstRows>(scores, p.scale_log2);
       } else {
-        softmax.template rescale_scores<false>(scores, p.scale_log2);
+        softmax.template rescale_scores<false, kFirstRows>(scores, p.scale_log2);
       }
     };
+    using AllRows = cute::Int<Softmax::kRowCount>;
     // K[n] is waited for before the turn: a warpgroup that holds the turn while its K tile is still
     // in flight would keep the other warpgroup's GEMMs off the tensor cores.
     auto wait_k = [&]() { pipeline_k.consumer_wait(k_state); };
@@ -95,9 +98,9 @@ struct ForwardMainloop {
     gemm_wait<0>(acc_s);
     release(pipeline_k, k_state);
     if (n >= first_masked) {
-      softmax_of(n, cute::true_type{});
+      softmax_of(n, cute::true_type{}, AllRows{});
     } else {
-      softmax_of(n, cute::false_type{});
+      softmax_of(n, cute::false_type{}, AllRows{});
     }
     probs = convert_fragment<Element>(acc_s);
 
@@ -128,21 +131,16 @@ struct ForwardMainloop {
       gemm_wait<1>(acc_s);  // S[n] done; O's GEMM may still run
       release(pipeline_k, k_state);
       if constexpr (Config::kRowsBeforeOWait < 0) {
-        softmax_of(n, masked);
+        softmax_of(n, masked, AllRows{});
         gemm_wait<0>(acc_o);
       } else {
         constexpr int kFirst = Config::kRowsBeforeOWait;
-        auto scores = rowcol_view(acc_s);
-        if constexpr (decltype(masked)::value) {
-          mask.apply_rows(scores, rowcol_view(tScS), row0, n * kBlockN);
-          softmax.template rescale_scores_first_rows<kCausal, kFirst>(scores, p.scale_log2);
-        } else {
-          softmax.template rescale_scores_first_rows<false, kFirst>(scores, p.scale_log2);
-        }
+        softmax_of(n, masked, cute::Int<kFirst>{});
         float sums = 0.f;
         CUTE_UNROLL
         for (int r = 0; r < kFirst; ++r) sums += softmax.row_sum[r];
         wait_o_after(sums);
+        auto scores = rowcol_view(acc_s);
         softmax.template rescale_scores_other_rows<kFirst>(scores, p.scale_log2);
       }
       release(pipeline_v, v_state);
