@@ -173,6 +173,25 @@ def test_gradients_long_odd_length(device, causal):
     check_backward(q, k, v, causal)
 
 
+MANY_KEY_TILE_CASES = [
+    # (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype): more key tiles than an H100 has
+    # SMs (132), so that each persistent CTA of the Hopper backward takes several in turn (of
+    # different lengths when causal), its pipelines running on from one to the next.
+    (3, 8, 2, 333, 2900, 64, torch.float16),  # 23 key tiles of 128 per kv head: 138; GQA
+    (2, 6, 6, 1500, 1500, 128, torch.bfloat16),  # 12 x 12 = 144
+    (2, 4, 4, 700, 1100, 256, torch.float16),  # 18 key tiles of 64 x 8 = 144
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", MANY_KEY_TILE_CASES, ids=lambda c: "x".join(map(str, c[:6])))
+def test_gradients_more_key_tiles_than_sms(device, case, causal):
+    if device == "cpu":
+        pytest.skip("long sequences: CUDA only (the CPU path is a plain loop)")
+    q, k, v = random_qkv(*case, device)
+    check_backward(q, k, v, causal)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_backward_family_serves_the_call(family, head_dim):
     # The Hopper family serves the backward for its native backward head dims (those of

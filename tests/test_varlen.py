@@ -166,6 +166,19 @@ def test_gradients_long_odd_lengths(device):
     check_backward(q, k, v, lengths, lengths, causal=True)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gradients_more_key_tiles_than_sms(device, causal):
+    # 8 key tiles (the longest sequence's) x 2 kv heads x 10 sequences = 160 tiles, more than an
+    # H100 has SMs: each persistent CTA of the Hopper backward takes several, among them tiles past
+    # a short sequence's keys (skipped) and tiles of sequences with no query row (dK, dV zero).
+    if device == "cpu":
+        pytest.skip("long sequences: CUDA only (the CPU path is a plain loop)")
+    lengths_q = [300, 0, 17, 700, 1, 0, 450, 64, 0, 999]
+    lengths_k = [700, 40, 0, 650, 129, 300, 450, 1, 80, 999]
+    q, k, v = packed_qkv(lengths_q, lengths_k, 4, 2, 64, torch.float16, device)
+    check_backward(q, k, v, lengths_q, lengths_k, causal)
+
+
 def test_gradients_of_packed_qkv_slices(device):
     lengths = [40, 3, 100]
     qkv = torch.randn(sum(lengths), 3, 2, 64, device=device, dtype=torch.float16)

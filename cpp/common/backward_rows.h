@@ -62,6 +62,10 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
   using Shape = RowPassShape<kHeadDim>;
   using Vector = cutlass::Array<Element, Shape::kVector>;
   const int head = blockIdx.y, batch = blockIdx.z;
+  // The main kernel's tile counter (Hopper family: its persistent CTAs take key tiles from it).
+  if (p.tile_counter != nullptr && blockIdx.x == 0 && head == 0 && batch == 0 && threadIdx.x == 0) {
+    *p.tile_counter = 0;
+  }
   const Sequence seq = Sequence::of(p, batch);
   if (blockIdx.x * Shape::kRowsPerBlock >= seq.seqlen_q) return;
   const int col = (threadIdx.x % Shape::kThreadsPerRow) * Shape::kVector;

@@ -135,7 +135,11 @@ struct BackwardConfig {
     cute::array_aligned<float, kStages * kBlockM, 128> delta;     // with dO
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
-    uint64_t kv_full;  // transaction barrier of the K and V tiles
+    uint64_t kv_full;   // transaction barrier of the K and V tiles
+    uint64_t kv_empty;  // the consumers have stored a key tile's dK and dV from K's and V's buffers
+    uint64_t writer_tile_full;   // next_tile holds the next index, for the dQ writer
+    uint64_t writer_tile_empty;  // the dQ writer has read it
+    int next_tile;      // the persistent CTA's next key tile (BackwardTileHandoff, bwd_load.h)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kMaxSmemBytes, "tile does not fit in shared memory");

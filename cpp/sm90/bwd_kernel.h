@@ -1,17 +1,25 @@
 // The Hopper-family backward kernel: FlashAttention's backward on wgmma, TMA and warp
 // specialisation.
 //
-// Algorithm (as the Ampere family's, sm80/bwd_kernel.h): a CTA owns kBlockN keys of one (batch, kv
-// head), keeps K, V and the dK, dV accumulators, and walks every query tile that sees its keys, for
-// each query head of the group (GQA: dK and dV summed in registers). Per query tile it recomputes
+// Algorithm (as the Ampere family's, sm80/bwd_kernel.h): a key tile is kBlockN keys of one (batch,
+// kv head); its CTA keeps K, V and the dK, dV accumulators, and walks every query tile that sees its
+// keys, for each query head of the group (GQA: dK and dV summed in registers). Per query tile it recomputes
 //   Sᵀ = K Qᵀ,  Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e)    (lse saved by the forward, P never stored)
 //   dPᵀ = V dOᵀ,  dSᵀ = Pᵀ ∘ (dPᵀ - delta)              (delta = rowsum(dO ∘ O), from the pre-pass)
 //   dV += Pᵀ dO,  dK += dSᵀ Q                           (Pᵀ, dSᵀ straight from registers)
 //   dQ = dS K -> an fp32 workspace tile, added by a bulk reduction (cp.reduce.async.bulk)
 // and the post-pass scales and converts dQ (bwd_launch.h).
 //
+// Persistent: about one CTA per SM, each taking key tiles in BackwardTileOrder's order (longest
+// first when causal) from a counter the pre-pass zeroes, as SMs free up; the producer warp takes
+// the next index and hands it to the other roles (BackwardTileHandoff). Between two key tiles the
+// Q/dO pipelines run on (the next tile's first Q and dO load while this one's last steps run) and
+// the next K and V load once this tile's epilogue has stored dK and dV from their buffers
+// (kv_empty): no CTA launch, barrier set-up or first Q/dO latency per key tile (benchmarks/NOTES.md:
+// 1.7–4.6% faster at head dim 64, up to 1.6% at 128).
+//
 // Roles (bwd_config.h has the tile shapes):
-//   warpgroup 0, warp 0   producer (bwd_load.h): K, V once; Q + lse and dO + delta per step
+//   warpgroup 0, warp 0   producer (bwd_load.h): K, V per key tile; Q + lse and dO + delta per step
 //                         through two kStages-deep pipelines. 24 registers a thread.
 //                warp 1   dQ writer (bwd_load.h): adds the consumers' staged dQ tiles to the
 //                         workspace by bulk reductions (not above head dim 128, see below).
@@ -74,27 +82,29 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   extern __shared__ char smem_raw[];
   Storage& smem = *reinterpret_cast<Storage*>(smem_raw);
   const BackwardParams& p = params.attn;
-  const auto tile = params.order.tile(blockIdx.x);
-  const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
-  // Varlen: the grid covers the longest sequence's keys; a key tile past this one's has no work.
-  if (n_block * kBlockN >= Sequence::of(p, batch).seqlen_k) return;
   const int warp = cutlass::canonical_warp_idx_sync();
   const int warpgroup = cutlass::canonical_warp_group_idx();
 
   if (warp == 0 && elect_one_sync()) {
     cutlass::arch::ClusterTransactionBarrier::init(&smem.kv_full, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.kv_empty, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.writer_tile_full, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.writer_tile_empty, 1);
   }
   // A Q (dO) stage completes with its tile and its rows' lse (delta).
   const auto pipeline_params = tma_pipeline_params<Pipeline>(Config::kQBytes + Config::kRowBytes, Config::kMmaThreads);
   Pipeline pipeline_q(smem.pipeline_q, pipeline_params, Shape<_1, _1, _1>{});
   Pipeline pipeline_do(smem.pipeline_do, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before any role uses them
+  // The next key tile's index, from the producer warp to the consumers and the dQ writer.
+  const BackwardTileHandoff<32 + Config::kMmaThreads, !Config::kdQFromRegisters> handoff{
+      &smem.next_tile, &smem.writer_tile_full, &smem.writer_tile_empty};
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-    if (warp == 0) BackwardLoad<Config, kCausal>::run(params, smem, pipeline_q, pipeline_do);
+    if (warp == 0) BackwardLoad<Config, kCausal>::run(params, smem, pipeline_q, pipeline_do, handoff);
     if constexpr (!Config::kdQFromRegisters) {
-      if (warp == 1) BackwardDqWriter<Config, kCausal>::run(p, smem, n_block, head_kv, batch);
+      if (warp == 1) BackwardDqWriter<Config, kCausal>::run(params, smem, handoff);
     }
     return;
   }
@@ -102,10 +112,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
   const int mma_tid = threadIdx.x - 128;
   const int wg = warpgroup - 1;                // consumer warpgroup 0 or 1 (warp-uniform)
-  const Sequence seq = Sequence::of(p, batch);
-  const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv);
-  const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
-  const int key_begin = n_block * kBlockN;
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
   Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
@@ -144,10 +150,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto wg_dkv = warpgroup_slice(mma_dkv, 1);
   Tensor tdVrdOt = wg_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stages)
   Tensor tdKrQt = wg_dkv.partition_fragment_B(sQt);
-  Tensor acc_dk = partition_fragment_C(mma_dkv, typename Config::TileKV{});
-  Tensor acc_dv = partition_fragment_C(mma_dkv, typename Config::TileKV{});
-  clear(acc_dk);
-  clear(acc_dv);
   // dQ = dS K.
   typename Config::TiledMmadQ mma_dq;
   auto wg_dq = warpgroup_slice(mma_dq, 1);
@@ -164,171 +166,189 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   Tensor sPt = make_tensor(make_smem_ptr(pt_data), typename Config::SmemLayoutdSt{});
   Tensor tPsP = thr_copy_ds.partition_D(sPt);          // (CPY, CPY_M, CPY_N, 2 buffers)
 
-  typename Pipeline::PipelineState q_state, do_state;
-  // Waited for even with no step: the epilogue reuses K's and V's buffers.
-  cutlass::arch::ClusterBarrier::wait(&smem.kv_full, 0);
+  typename Pipeline::PipelineState q_state, do_state;  // run on from one key tile to the next
+  int kv_tiles = 0;  // key tiles whose K and V this CTA has used
+  for (int tile_index = blockIdx.x; tile_index < params.order.size(); tile_index = handoff.receive()) {
+    const auto tile = params.order.tile(tile_index);
+    const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
+    const Sequence seq = Sequence::of(p, batch);
+    // Varlen: the order covers the longest sequence's keys; a key tile past this one's has no work.
+    if (n_block * kBlockN >= seq.seqlen_k) continue;
+    const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv);
+    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+    const int key_begin = n_block * kBlockN;
+    Tensor acc_dk = partition_fragment_C(mma_dkv, typename Config::TileKV{});
+    Tensor acc_dv = partition_fragment_C(mma_dkv, typename Config::TileKV{});
+    clear(acc_dk);
+    clear(acc_dv);
+    // Waited for even with no step: the epilogue reuses K's and V's buffers.
+    cutlass::arch::ClusterBarrier::wait(&smem.kv_full, kv_tiles % 2);
 
-  // dQ of a step, added to the workspace tile of (batch, head, m_block) in the layout of
-  // Config::dq_staging_offset: staged in shared memory (once the dQ writer says that its reduction
-  // from kdQStages steps back has read the buffer) and handed to the writer (bwd_load.h); or,
-  // kdQFromRegisters, by 16-byte reductions from registers (each warp's cover 512 contiguous bytes).
-  auto add_dq = [&](int t, auto const& acc_dq) {
-    if constexpr (Config::kdQFromRegisters) {
-      float* tile = p.dq_accum + steps.workspace_row(p, seq, batch, t) * Config::kHeadDim;
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 4) {
-        atomicAdd(reinterpret_cast<float4*>(tile + Config::dq_staging_offset(mma_tid, i)),
-                  make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3)));
+    // dQ of a step, added to the workspace tile of (batch, head, m_block) in the layout of
+    // Config::dq_staging_offset: staged in shared memory (once the dQ writer says that its reduction
+    // from kdQStages steps back has read the buffer) and handed to the writer (bwd_load.h); or,
+    // kdQFromRegisters, by 16-byte reductions from registers (each warp's cover 512 contiguous bytes).
+    auto add_dq = [&](int t, auto const& acc_dq) {
+      if constexpr (Config::kdQFromRegisters) {
+        float* dq_tile = p.dq_accum + steps.workspace_row(p, seq, batch, t) * Config::kHeadDim;
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 4) {
+          atomicAdd(reinterpret_cast<float4*>(dq_tile + Config::dq_staging_offset(mma_tid, i)),
+                    make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3)));
+        }
+      } else {
+        constexpr int kWriterThreads = BackwardDqWriter<Config, kCausal>::kBarrierThreads;
+        float* staging = smem.dq.data() + Config::dq_staging_buffer(t);
+        barrier_sync(BackwardBarrier::kdQEmpty, kWriterThreads, wg);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 4) {
+          *reinterpret_cast<float4*>(staging + Config::dq_staging_offset(mma_tid, i)) =
+              make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+        }
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
+        barrier_arrive(BackwardBarrier::kdQFull, kWriterThreads, wg);
       }
-    } else {
-      constexpr int kWriterThreads = BackwardDqWriter<Config, kCausal>::kBarrierThreads;
-      float* staging = smem.dq.data() + Config::dq_staging_buffer(t);
-      barrier_sync(BackwardBarrier::kdQEmpty, kWriterThreads, wg);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 4) {
-        *reinterpret_cast<float4*>(staging + Config::dq_staging_offset(mma_tid, i)) =
-            make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
-      }
-      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
-      barrier_arrive(BackwardBarrier::kdQFull, kWriterThreads, wg);
-    }
-  };
-
-  for (int t = 0; t < steps.count; ++t) {
-    const int row_begin = steps.m_block(t) * kBlockM;
-    const int q_stage = q_state.index(), do_stage = do_state.index();
-
-    Tensor acc_s = partition_fragment_C(mma_sdp, typename Config::TileSt{});
-    Tensor acc_dp = partition_fragment_C(mma_sdp, typename Config::TileSt{});
-    // The lse and delta values of this thread's query columns are read from shared memory before
-    // the waits for Sᵀ and dPᵀ (lse while Sᵀ runs, delta while dPᵀ does): read after them,
-    // their latency (behind the tensor cores' shared-memory traffic) sat between each GEMM and
-    // the math on its result (Nsight Compute's source view: the first use of lse was the
-    // kernel's most stalled instruction). Not both at once; and where a thread has 32 query
-    // columns (kBlockM = 128, D = 64) after the waits as before: 32 more live registers spill.
-    const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
-    const float* delta = smem.delta.data() + do_stage * kBlockM;
-    float row_lse[kScoreCols], row_delta[kScoreCols];
-    pipeline_q.consumer_wait(q_state);
-    gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), acc_s);
-    if constexpr (kRowsEarly) read_columns(lse_log2, row_lse);
-    pipeline_do.consumer_wait(do_state);
-    gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tdPrV, tdPrdO(_, _, _, do_stage), acc_dp);
-
-    // Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e); the pre-pass stored lse·log2e, +inf for rows that
-    // see no key or lie past seqlen_q (their P is 0). Masked: keys past seqlen_k (K there is
-    // zero-filled or, varlen, the next sequence's; exp2(-lse) could overflow) and, causal, keys
-    // after a row's diagonal.
-    gemm_wait<1>(acc_s);
-    if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) {
-      mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
-    }
-    auto probs = rowcol_view(acc_s);
-    CUTE_UNROLL
-    for (int c = 0; c < size<1>(probs); ++c) {
-      CUTE_UNROLL
-      for (int r = 0; r < size<0>(probs); ++r) {
-        probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - column(row_lse, lse_log2, c));
-      }
-    }
-    Tensor rP = convert_fragment<Element>(acc_s);
-    if constexpr (kRowsEarly) read_columns(delta, row_delta);
-
-    // dSᵀ = Pᵀ ∘ (dPᵀ - delta).
-    gemm_wait<0>(acc_dp);
-    auto dscores = rowcol_view(acc_dp);
-    CUTE_UNROLL
-    for (int c = 0; c < size<1>(dscores); ++c) {
-      CUTE_UNROLL
-      for (int r = 0; r < size<0>(dscores); ++r) {
-        dscores(r, c) = probs(r, c) * (dscores(r, c) - column(row_delta, delta, c));
-      }
-    }
-    Tensor rdS = convert_fragment<Element>(acc_dp);
-
-    // dSᵀ (and, split head dim, Pᵀ) to shared memory (buffer t % 2: its previous readers, step
-    // t - 2's GEMMs, finished before both warpgroups passed step t - 1's kdSFull), then dQ = dS K
-    // over all keys.
-    const int ds_buffer = t % 2;
-    copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
-    if constexpr (kSplit) copy(copy_ds, thr_copy_ds.retile_S(rP), tPsP(_, _, _, ds_buffer));
-    cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
-    // dV += Pᵀ dO is issued only now, after dSᵀ's store (FA3's order): issued as soon as Pᵀ was
-    // converted, it ran beside the dS math, but the dSᵀ store and so the kdSFull barrier came
-    // later; measured 4.6-5.9% faster at D = 64 this way, level at D = 128 (benchmarks/NOTES.md).
-    if constexpr (!kSplit) {
-      Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
-      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
-    }
-    barrier_sync(BackwardBarrier::kdSFull, Config::kMmaThreads);
-    Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQ{});
-    Tensor tdQrdS_buffer = tdQrdS(_, _, _, ds_buffer);
-    gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, tdQrKt, acc_dq);
-    if constexpr (kSplit) {
-      // dV and dK over all queries from shared memory, behind dQ; dQ is added to the workspace
-      // from registers while they run.
-      Tensor tdVrPt = wg_dkv.partition_fragment_A(sPt)(_, _, _, ds_buffer);
-      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdVrPt, tdVrdOt(_, _, _, do_stage), acc_dv);
-      Tensor tdKrdSt = wg_dkv.partition_fragment_A(sdSt)(_, _, _, ds_buffer);
-      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrdSt, tdKrQt(_, _, _, q_stage), acc_dk);
-      gemm_wait<2>(acc_dq);
-      add_dq(t, acc_dq);
-      gemm_wait<0>(acc_dk);
-      warpgroup_fence_operand(acc_dv);
-    } else {
-      // dK behind dQ; dQ is staged for the dQ writer while dK runs.
-      Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_a_operand(acc_dp.layout()));
-      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdKrdS, tdKrQt(_, _, _, q_stage), acc_dk);
-      gemm_wait<1>(acc_dq);  // dV and dQ done
-      add_dq(t, acc_dq);
-      gemm_wait<0>(acc_dk);
-    }
-    pipeline_q.consumer_release(q_state);
-    pipeline_do.consumer_release(do_state);
-    ++q_state;
-    ++do_state;
-  }
-
-  // Epilogue: dK = scale · Σ dSᵀ Q and dV, converted, staged in K's and V's buffers (once both
-  // warpgroups' last dQ GEMMs have read K) and stored by TMA (rows past seqlen_k are clipped) or,
-  // in a varlen batch (where those rows are the next sequence's), with 16-byte writes.
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
-  Tensor rdK = convert_fragment<Element>(acc_dk);
-  Tensor rdV = convert_fragment<Element>(acc_dv);
-  // The thread index read again (an asm read the compiler cannot hoist): its epilogue-only
-  // derivatives, computed from the first read, were kept live through the main loop and spilled.
-  uint32_t tid_now;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_now));
-  const int epilogue_tid = int(tid_now) - 128;
-  auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
-  auto thr_copy_dkv = copy_dkv.get_thread_slice(epilogue_tid);
-  barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
-  copy(copy_dkv, thr_copy_dkv.retile_S(rdK), thr_copy_dkv.partition_D(sK));
-  copy(copy_dkv, thr_copy_dkv.retile_S(rdV), thr_copy_dkv.partition_D(sV));
-  cutlass::arch::fence_view_async_shared();
-  barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
-  if (p.cu_seqlens_q != nullptr) {
-    // The sequence's offsets read again rather than kept in registers through the main loop.
-    const Sequence out_seq = Sequence::of(p, batch);
-    auto store = [&](auto const& s, void* base, const Strides& stride) {
-      Element* dst = static_cast<Element*>(base) + out_seq.k_offset(stride, batch, head_kv) +
-                     int64_t(key_begin) * stride.row;
-      store_rows<kBlockN, Config::kHeadDim>(s, dst, stride.row, out_seq.seqlen_k - key_begin, p.head_dim, epilogue_tid,
-                                            Config::kMmaThreads);
     };
-    store(sK, p.dk, p.dk_stride);
-    store(sV, p.dv, p.dv_stride);
-  } else if (epilogue_tid == 0) {
-    using TileKV = typename Config::TileKV;
-    Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-    Tensor mdV = params.tma_dv.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-    auto [tdKgdK, tdKsdK] = tma_tile<TileKV>(params.tma_dk, mdK, sK, n_block, head_kv, batch, 0);
-    auto [tdVgdV, tdVsdV] = tma_tile<TileKV>(params.tma_dv, mdV, sV, n_block, head_kv, batch, 0);
-    copy(params.tma_dk, tdKsdK, tdKgdK);
-    copy(params.tma_dv, tdVsdV, tdVgdV);
-    tma_store_arrive();
-    tma_store_wait<0>();
+
+    for (int t = 0; t < steps.count; ++t) {
+      const int row_begin = steps.m_block(t) * kBlockM;
+      const int q_stage = q_state.index(), do_stage = do_state.index();
+
+      Tensor acc_s = partition_fragment_C(mma_sdp, typename Config::TileSt{});
+      Tensor acc_dp = partition_fragment_C(mma_sdp, typename Config::TileSt{});
+      // The lse and delta values of this thread's query columns are read from shared memory before
+      // the waits for Sᵀ and dPᵀ (lse while Sᵀ runs, delta while dPᵀ does): read after them,
+      // their latency (behind the tensor cores' shared-memory traffic) sat between each GEMM and
+      // the math on its result (Nsight Compute's source view: the first use of lse was the
+      // kernel's most stalled instruction). Not both at once; and where a thread has 32 query
+      // columns (kBlockM = 128, D = 64) after the waits as before: 32 more live registers spill.
+      const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
+      const float* delta = smem.delta.data() + do_stage * kBlockM;
+      float row_lse[kScoreCols], row_delta[kScoreCols];
+      pipeline_q.consumer_wait(q_state);
+      gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), acc_s);
+      if constexpr (kRowsEarly) read_columns(lse_log2, row_lse);
+      pipeline_do.consumer_wait(do_state);
+      gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tdPrV, tdPrdO(_, _, _, do_stage), acc_dp);
+
+      // Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e); the pre-pass stored lse·log2e, +inf for rows that
+      // see no key or lie past seqlen_q (their P is 0). Masked: keys past seqlen_k (K there is
+      // zero-filled or, varlen, the next sequence's; exp2(-lse) could overflow) and, causal, keys
+      // after a row's diagonal.
+      gemm_wait<1>(acc_s);
+      if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) {
+        mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
+      }
+      auto probs = rowcol_view(acc_s);
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(probs); ++c) {
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(probs); ++r) {
+          probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - column(row_lse, lse_log2, c));
+        }
+      }
+      Tensor rP = convert_fragment<Element>(acc_s);
+      if constexpr (kRowsEarly) read_columns(delta, row_delta);
+
+      // dSᵀ = Pᵀ ∘ (dPᵀ - delta).
+      gemm_wait<0>(acc_dp);
+      auto dscores = rowcol_view(acc_dp);
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(dscores); ++c) {
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(dscores); ++r) {
+          dscores(r, c) = probs(r, c) * (dscores(r, c) - column(row_delta, delta, c));
+        }
+      }
+      Tensor rdS = convert_fragment<Element>(acc_dp);
+
+      // dSᵀ (and, split head dim, Pᵀ) to shared memory (buffer t % 2: its previous readers, step
+      // t - 2's GEMMs, finished before both warpgroups passed step t - 1's kdSFull), then dQ = dS K
+      // over all keys.
+      const int ds_buffer = t % 2;
+      copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
+      if constexpr (kSplit) copy(copy_ds, thr_copy_ds.retile_S(rP), tPsP(_, _, _, ds_buffer));
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
+      // dV += Pᵀ dO is issued only now, after dSᵀ's store (FA3's order): issued as soon as Pᵀ was
+      // converted, it ran beside the dS math, but the dSᵀ store and so the kdSFull barrier came
+      // later; measured 4.6-5.9% faster at D = 64 this way, level at D = 128 (benchmarks/NOTES.md).
+      if constexpr (!kSplit) {
+        Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
+        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
+      }
+      barrier_sync(BackwardBarrier::kdSFull, Config::kMmaThreads);
+      Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQ{});
+      Tensor tdQrdS_buffer = tdQrdS(_, _, _, ds_buffer);
+      gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, tdQrKt, acc_dq);
+      if constexpr (kSplit) {
+        // dV and dK over all queries from shared memory, behind dQ; dQ is added to the workspace
+        // from registers while they run.
+        Tensor tdVrPt = wg_dkv.partition_fragment_A(sPt)(_, _, _, ds_buffer);
+        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdVrPt, tdVrdOt(_, _, _, do_stage), acc_dv);
+        Tensor tdKrdSt = wg_dkv.partition_fragment_A(sdSt)(_, _, _, ds_buffer);
+        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrdSt, tdKrQt(_, _, _, q_stage), acc_dk);
+        gemm_wait<2>(acc_dq);
+        add_dq(t, acc_dq);
+        gemm_wait<0>(acc_dk);
+        warpgroup_fence_operand(acc_dv);
+      } else {
+        // dK behind dQ; dQ is staged for the dQ writer while dK runs.
+        Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_a_operand(acc_dp.layout()));
+        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdKrdS, tdKrQt(_, _, _, q_stage), acc_dk);
+        gemm_wait<1>(acc_dq);  // dV and dQ done
+        add_dq(t, acc_dq);
+        gemm_wait<0>(acc_dk);
+      }
+      pipeline_q.consumer_release(q_state);
+      pipeline_do.consumer_release(do_state);
+      ++q_state;
+      ++do_state;
+    }
+
+    // Epilogue: dK = scale · Σ dSᵀ Q and dV, converted, staged in K's and V's buffers (once both
+    // warpgroups' last dQ GEMMs have read K) and stored by TMA (rows past seqlen_k are clipped) or,
+    // in a varlen batch (where those rows are the next sequence's), with 16-byte writes.
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
+    Tensor rdK = convert_fragment<Element>(acc_dk);
+    Tensor rdV = convert_fragment<Element>(acc_dv);
+    // The thread index read again (an asm read the compiler cannot hoist): its epilogue-only
+    // derivatives, computed from the first read, were kept live through the main loop and spilled.
+    uint32_t tid_now;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_now));
+    const int epilogue_tid = int(tid_now) - 128;
+    auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
+    auto thr_copy_dkv = copy_dkv.get_thread_slice(epilogue_tid);
+    barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
+    copy(copy_dkv, thr_copy_dkv.retile_S(rdK), thr_copy_dkv.partition_D(sK));
+    copy(copy_dkv, thr_copy_dkv.retile_S(rdV), thr_copy_dkv.partition_D(sV));
+    cutlass::arch::fence_view_async_shared();
+    barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
+    if (p.cu_seqlens_q != nullptr) {
+      // The sequence's offsets read again rather than kept in registers through the main loop.
+      const Sequence out_seq = Sequence::of(p, batch);
+      auto store = [&](auto const& s, void* base, const Strides& stride) {
+        Element* dst = static_cast<Element*>(base) + out_seq.k_offset(stride, batch, head_kv) +
+                       int64_t(key_begin) * stride.row;
+        store_rows<kBlockN, Config::kHeadDim>(s, dst, stride.row, out_seq.seqlen_k - key_begin, p.head_dim, epilogue_tid,
+                                              Config::kMmaThreads);
+      };
+      store(sK, p.dk, p.dk_stride);
+      store(sV, p.dv, p.dv_stride);
+    } else if (epilogue_tid == 0) {
+      using TileKV = typename Config::TileKV;
+      Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
+      Tensor mdV = params.tma_dv.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
+      auto [tdKgdK, tdKsdK] = tma_tile<TileKV>(params.tma_dk, mdK, sK, n_block, head_kv, batch, 0);
+      auto [tdVgdV, tdVsdV] = tma_tile<TileKV>(params.tma_dv, mdV, sV, n_block, head_kv, batch, 0);
+      copy(params.tma_dk, tdKsdK, tdKgdK);
+      copy(params.tma_dv, tdVsdV, tdVgdV);
+      tma_store_arrive();
+      tma_store_wait<0>();  // the stores have read K's and V's buffers
+    }
+    if (p.cu_seqlens_q != nullptr) barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);  // every row stored
+    if (epilogue_tid == 0) cutlass::arch::ClusterBarrier::arrive(&smem.kv_empty);  // the producer may load the next K and V
+    ++kv_tiles;
   }
 }
 

@@ -2,6 +2,7 @@
 // the main kernel, and the post-pass that converts the dQ workspace.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -130,7 +131,13 @@ cudaError_t launch_backward(const BackwardParams& p, cudaStream_t stream) {
   constexpr int kSmem = Config::kSmemBytes;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(unsigned(order.size())), Config::kThreads, kSmem, stream>>>(params);
+  // Persistent: about one CTA per SM, each taking key tiles of the order until none is left.
+  int device = 0, sms = 0;
+  err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(order.size(), sms));
+  kernel<<<dim3(unsigned(grid)), Config::kThreads, kSmem, stream>>>(params);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 

@@ -1,10 +1,13 @@
-// The producer of the Hopper-family backward: one warp that loads K and V once, then streams each
-// step's Q tile (with its rows' lse) and dO tile (with its rows' delta) through two pipelines.
+// The producer of the Hopper-family backward: one warp that, for each key tile its persistent CTA
+// takes, loads K and V once, then streams each step's Q tile (with its rows' lse) and dO tile
+// (with its rows' delta) through two pipelines.
 //
-// K and V come by TMA under one transaction barrier (kv_full). Q and dO come by TMA, the 4-byte
+// K and V come by TMA under one transaction barrier (kv_full), once the previous key tile's
+// epilogue has stored dK and dV from their buffers (kv_empty). Q and dO come by TMA, the 4-byte
 // lse and delta rows by 1-D bulk copies from the pre-pass's padded workspaces, each pair under its
 // pipeline stage's full barrier (PipelineTmaAsync: kStages buffers, the consumers release a buffer
-// once the GEMMs reading it are done).
+// once the GEMMs reading it are done). The pipelines run on from one key tile to the next: the
+// next tile's first Q and dO are loaded while this tile's last steps and epilogue run.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -17,8 +20,55 @@
 #include "common/sequence.h"
 #include "fa/params.h"
 #include "sm90/named_barriers.h"
+#include "sm90/tile_scheduler.h"
 
 namespace fa::sm90 {
+
+// The hand-over of a persistent CTA's next key tile from the producer warp to the consumers and,
+// kWriter, the dQ writer: one shared-memory slot, refilled once every reader has read it. The
+// consumers wait and arrive on two named barriers with the producer warp, as TileHandoff
+// (tile_scheduler.h); the dQ writer, which runs other code, on two mbarriers of one arrival each
+// (writer_tile_full from the producer, writer_tile_empty from the writer): every named barrier then
+// has one place in the code that waits on it (compute-sanitizer's synccheck reports a barrier
+// waited on at two places as divergent threads).
+template <int kThreads, bool kWriter>
+struct BackwardTileHandoff {
+  int* slot;
+  uint64_t* writer_full;
+  uint64_t* writer_empty;
+
+  // Producer warp, hand-over number `handed` (from 0). Before the first the slot is free; after
+  // it, wait until the previous index is read.
+  CUTE_DEVICE void publish(int next, int handed) const {
+    if (handed > 0) {
+      barrier_sync(BackwardBarrier::kTileEmpty, kThreads);
+      if constexpr (kWriter) cutlass::arch::ClusterBarrier::wait(writer_empty, (handed - 1) % 2);
+    }
+    const bool leader = cute::elect_one_sync();
+    if (leader) *slot = next;
+    barrier_arrive(BackwardBarrier::kTileFull, kThreads);
+    if constexpr (kWriter) {
+      if (leader) cutlass::arch::ClusterBarrier::arrive(writer_full);
+    }
+  }
+
+  // Consumer threads.
+  CUTE_DEVICE int receive() const {
+    barrier_sync(BackwardBarrier::kTileFull, kThreads);
+    const int next = *slot;
+    barrier_arrive(BackwardBarrier::kTileEmpty, kThreads);
+    return next;
+  }
+
+  // The dQ writer warp, hand-over number `received` (from 0).
+  CUTE_DEVICE int receive_in_writer(int received) const {
+    cutlass::arch::ClusterBarrier::wait(writer_full, received % 2);
+    const int next = *slot;
+    __syncwarp();
+    if (cute::elect_one_sync()) cutlass::arch::ClusterBarrier::arrive(writer_empty);
+    return next;
+  }
+};
 
 // The steps of one CTA (key tile n_block of kv head head_kv): for each query head of the kv head's
 // group, the query tiles that see any of its keys, in order. Producer and consumers walk the same list.
@@ -63,19 +113,14 @@ template <class Config, bool kCausal>
 struct BackwardLoad {
   using Pipeline = typename Config::Pipeline;
 
-  template <class Params, class Storage>
+  template <class Params, class Storage, class Handoff>
   CUTE_DEVICE static void run(Params const& params, Storage& smem, Pipeline& pipeline_q,
-                              Pipeline& pipeline_do) {
+                              Pipeline& pipeline_do, Handoff const& handoff) {
     using namespace cute;
     const BackwardParams& p = params.attn;
-    const auto tile = params.order.tile(blockIdx.x);
-    const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
-    const Sequence seq = Sequence::of(p, batch);
-    const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, n_block, head_kv);
     const bool leader = elect_one_sync();
 
     const TensorExtents ext = TensorExtents::of(p);
-    const int b = ext.batch_index(batch);
     Tensor mQ = params.tma_q.get_tma_tensor(make_shape(ext.rows_q, p.head_dim, p.heads_q, ext.batches));
     Tensor mdO = params.tma_do.get_tma_tensor(make_shape(ext.rows_q, p.head_dim, p.heads_q, ext.batches));
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
@@ -85,25 +130,39 @@ struct BackwardLoad {
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
 
-    if (leader) {
-      using TileKV = typename Config::TileKV;
-      auto [tKgK, tKsK] = tma_tile<TileKV>(params.tma_k, mK, sK, n_block, head_kv, b, seq.k_begin);
-      auto [tVgV, tVsV] = tma_tile<TileKV>(params.tma_v, mV, sV, n_block, head_kv, b, seq.k_begin);
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Config::kKVBytes);
-      copy(params.tma_k.with(smem.kv_full), tKgK, tKsK);
-      copy(params.tma_v.with(smem.kv_full), tVgV, tVsV);
-    }
-
     auto q_state = cutlass::make_producer_start_state<Pipeline>();
     auto do_state = cutlass::make_producer_start_state<Pipeline>();
-    for (int t = 0; t < steps.count; ++t) {
-      const int64_t row = steps.workspace_row(p, seq, batch, t);
+    int kv_tiles = 0;  // key tiles whose K and V this CTA has loaded
+    int handed = 0;    // next-tile indices handed over
+    for (int tile_index = blockIdx.x; tile_index < params.order.size();) {
+      const auto tile = params.order.tile(tile_index);
+      const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
+      const Sequence seq = Sequence::of(p, batch);
+      const bool has_keys = n_block * Config::kBlockN < seq.seqlen_k;  // else varlen: no work
+      const int b = ext.batch_index(batch);
+      const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, n_block, head_kv);
+      const int count = has_keys ? steps.count : 0;
+
+      // K and V, once the previous key tile's dK and dV have left their buffers.
+      auto load_kv = [&]() {
+        if (kv_tiles > 0) cutlass::arch::ClusterBarrier::wait(&smem.kv_empty, (kv_tiles - 1) % 2);
+        if (leader) {
+          using TileKV = typename Config::TileKV;
+          auto [tKgK, tKsK] = tma_tile<TileKV>(params.tma_k, mK, sK, n_block, head_kv, b, seq.k_begin);
+          auto [tVgV, tVsV] = tma_tile<TileKV>(params.tma_v, mV, sV, n_block, head_kv, b, seq.k_begin);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Config::kKVBytes);
+          copy(params.tma_k.with(smem.kv_full), tKgK, tKsK);
+          copy(params.tma_v.with(smem.kv_full), tVgV, tVsV);
+        }
+        ++kv_tiles;
+      };
       // A tile by TMA and its rows' values (lse_log2 or delta) by a 1-D bulk copy, both completing
       // on the stage's full barrier.
-      auto load = [&](Pipeline& pipeline, auto& state, auto const& tma, auto const& m, auto& s,
+      auto load = [&](int t, Pipeline& pipeline, auto& state, auto const& tma, auto const& m, auto& s,
                       float* rows_smem, const float* rows_gmem) {
         pipeline.producer_acquire(state);
         if (leader) {
+          const int64_t row = steps.workspace_row(p, seq, batch, t);
           auto [tg, ts] = tma_tile<typename Config::TileQ>(tma, m, s, steps.m_block(t), steps.head(t), b, seq.q_begin);
           uint64_t* barrier = pipeline.producer_get_barrier(state);
           copy(tma.with(*barrier), tg, ts(_, state.index()));
@@ -112,8 +171,18 @@ struct BackwardLoad {
         }
         ++state;
       };
-      load(pipeline_q, q_state, params.tma_q, mQ, sQ, smem.lse_log2.data(), p.lse_log2);
-      load(pipeline_do, do_state, params.tma_do, mdO, sdO, smem.delta.data(), p.delta);
+      // Step 0's Q and dO first: their buffers free up as the previous tile's last steps finish,
+      // K's and V's only after its epilogue. The next tile's index is handed over once K and V
+      // are loaded (the consumers and the dQ writer read it at this tile's end).
+      for (int t = 0; t < count; ++t) {
+        load(t, pipeline_q, q_state, params.tma_q, mQ, sQ, smem.lse_log2.data(), p.lse_log2);
+        load(t, pipeline_do, do_state, params.tma_do, mdO, sdO, smem.delta.data(), p.delta);
+        if (t == 0) load_kv();
+      }
+      if (has_keys && count == 0) load_kv();  // no step: the epilogue still stores zeros from K's and V's buffers
+      const int next = next_tile_from(p.tile_counter, tile_index);
+      handoff.publish(next, handed++);
+      tile_index = next;
     }
   }
 };
@@ -131,35 +200,44 @@ template <class Config, bool kCausal>
 struct BackwardDqWriter {
   static constexpr int kBarrierThreads = 128 + 32;
 
-  template <class Storage>
-  CUTE_DEVICE static void run(const BackwardParams& p, Storage& smem, int n_block, int head_kv, int batch) {
+  template <class Params, class Storage, class Handoff>
+  CUTE_DEVICE static void run(Params const& params, Storage& smem, Handoff const& handoff) {
     constexpr int kWarpgroups = Config::kMmaWarpgroups;
     constexpr int kFloats = Config::kdQWarpgroupFloats;
-    const Sequence seq = Sequence::of(p, batch);
-    const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, n_block, head_kv);
+    const BackwardParams& p = params.attn;
     const bool leader = cute::elect_one_sync();
-    if (steps.count > 0) {
-      for (int w = 0; w < kWarpgroups; ++w) barrier_arrive(BackwardBarrier::kdQEmpty, kBarrierThreads, w);
-    }
-    for (int t = 0; t < steps.count; ++t) {
-      const float* staging = smem.dq.data() + Config::dq_staging_buffer(t);
-      float* tile = p.dq_accum + steps.workspace_row(p, seq, batch, t) * Config::kHeadDim;
-      CUTE_UNROLL
-      for (int w = 0; w < kWarpgroups; ++w) {
-        barrier_sync(BackwardBarrier::kdQFull, kBarrierThreads, w);
-        if (leader) {
-          bulk_reduce_add(tile + w * kFloats, staging + w * kFloats, kFloats * int(sizeof(float)));
-          // Warpgroup w's reduction of step t + 1 - kdQStages has read its buffer once at most
-          // the newer ones (kWarpgroups a step since) are pending.
-          bulk_reduce_wait_read<kWarpgroups * (Config::kdQStages - 1)>();
-        }
-        __syncwarp();
-        if (t + 1 < steps.count) barrier_arrive(BackwardBarrier::kdQEmpty, kBarrierThreads, w);
+    int received = 0;
+    for (int tile_index = blockIdx.x; tile_index < params.order.size();
+         tile_index = handoff.receive_in_writer(received++)) {
+      const auto tile = params.order.tile(tile_index);
+      const Sequence seq = Sequence::of(p, tile.batch);
+      const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, tile.n_block, tile.head_kv);
+      const int count = tile.n_block * Config::kBlockN < seq.seqlen_k ? steps.count : 0;
+      if (count > 0) {
+        for (int w = 0; w < kWarpgroups; ++w) barrier_arrive(BackwardBarrier::kdQEmpty, kBarrierThreads, w);
       }
+      for (int t = 0; t < count; ++t) {
+        const float* staging = smem.dq.data() + Config::dq_staging_buffer(t);
+        float* dq_tile = p.dq_accum + steps.workspace_row(p, seq, tile.batch, t) * Config::kHeadDim;
+        CUTE_UNROLL
+        for (int w = 0; w < kWarpgroups; ++w) {
+          barrier_sync(BackwardBarrier::kdQFull, kBarrierThreads, w);
+          if (leader) {
+            bulk_reduce_add(dq_tile + w * kFloats, staging + w * kFloats, kFloats * int(sizeof(float)));
+            // Warpgroup w's reduction of step t + 1 - kdQStages has read its buffer once at most
+            // the newer ones (kWarpgroups a step since) are pending.
+            bulk_reduce_wait_read<kWarpgroups * (Config::kdQStages - 1)>();
+          }
+          __syncwarp();
+          if (t + 1 < count) barrier_arrive(BackwardBarrier::kdQEmpty, kBarrierThreads, w);
+        }
+      }
+      // Every reduction of the tile has read its buffer before the next tile's first step writes
+      // into them (and before the CTA exits); their additions in L2 complete on their own (as a
+      // TMA store's do), visible to the next kernel.
+      if (leader) bulk_reduce_wait_read();
+      __syncwarp();
     }
-    // The last reductions must have read shared memory before the CTA exits; their additions in
-    // L2 complete on their own (as a TMA store's do), visible to the next kernel.
-    if (leader) bulk_reduce_wait_read();
   }
 };
 

@@ -21,14 +21,16 @@ enum class ForwardBarrier : uint32_t {
 };
 static_assert(static_cast<uint32_t>(ForwardBarrier::kTileEmpty) + 1 < 16);
 
-// The backward's (sm90/bwd_kernel.h): all among the two consumer warpgroups.
+// The backward's (sm90/bwd_kernel.h).
 enum class BackwardBarrier : uint32_t {
   kdSFull = 0,    // both warpgroups have written their rows of dSᵀ: the dQ GEMM may read all of it
   kdQEmpty = 1,   // kdQEmpty + w: warpgroup w's dQ staging buffer has been read by its last reduction
   kdQFull = 3,    // kdQFull + w: warpgroup w's dQ tile is in shared memory, ready to be added
   kEpilogue = 5,  // both warpgroups are done with K and V (dK and dV are staged in their place)
+  kTileFull = 6,  // producer -> consumers: the next key tile's index is in shared memory
+  kTileEmpty = 7, // consumers -> producer: they have read it (the dQ writer has mbarriers instead)
 };
-static_assert(static_cast<uint32_t>(BackwardBarrier::kEpilogue) + 1 < 16);
+static_assert(static_cast<uint32_t>(BackwardBarrier::kTileEmpty) + 1 < 16);
 
 inline constexpr uint32_t kFirstHardwareBarrier = 1;
 

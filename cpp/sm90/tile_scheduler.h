@@ -26,8 +26,8 @@
 // Varlen batches keep this shape: the order covers the longest sequence's query tiles for every
 // sequence, and each role skips a tile that lies past its sequence's rows (common/sequence.h).
 //
-// The backward (BackwardTileOrder, below) is not persistent: a CTA per key tile of each (batch,
-// kv head), launched as a 1-D grid whose index the order maps to its tile.
+// The backward (BackwardTileOrder, below) is persistent too, with its key tiles always taken from
+// a counter (next_tile_from): about gridDim.x consecutive ones of its order run at any time.
 #pragma once
 
 #include <algorithm>
@@ -96,6 +96,16 @@ struct Sections {
   }
 };
 
+// A persistent CTA's next tile after t, as its producer warp learns it (all lanes get the same
+// answer): from the counter (zeroed before the launch: tiles gridDim.x, gridDim.x + 1, … in the
+// order CTAs ask), or, without one, t + gridDim.x.
+CUTE_DEVICE int next_tile_from(int* counter, int t) {
+  if (counter == nullptr) return t + static_cast<int>(gridDim.x);
+  const bool leader = cute::elect_one_sync();
+  const int next = leader ? static_cast<int>(gridDim.x) + atomicAdd(counter, 1) : 0;
+  return __shfl_sync(0xffffffffu, next, __ffs(__ballot_sync(0xffffffffu, leader)) - 1);
+}
+
 struct TileScheduler {
   struct Params {
     int total = 0;  // query tiles · heads · batch
@@ -126,12 +136,7 @@ struct TileScheduler {
   static int grid_size(const Params& p, int sms) { return std::max(1, std::min(p.total, sms)); }
 
   // The tile after t, as the producer warp learns it (all its lanes get the same answer).
-  CUTE_DEVICE static int fetch_next(const Params& p, int t) {
-    if (p.counter == nullptr) return t + gridDim.x;
-    const bool leader = cute::elect_one_sync();
-    const int next = leader ? static_cast<int>(gridDim.x) + atomicAdd(p.counter, 1) : 0;
-    return __shfl_sync(0xffffffffu, next, __ffs(__ballot_sync(0xffffffffu, leader)) - 1);
-  }
+  CUTE_DEVICE static int fetch_next(const Params& p, int t) { return next_tile_from(p.counter, t); }
 
   // The consumers' view: the tile after t (with dynamic scheduling, from the producer's hand-over).
   template <class Handoff>
@@ -172,8 +177,8 @@ struct TileHandoff {
   }
 };
 
-// The backward's order of key tiles: CTA i of a 1-D grid takes tile(i), and the hardware starts
-// CTAs in index order as SMs free up.
+// The backward's order of key tiles: the persistent CTAs take them in this order, each the next
+// one as it finishes its last (next_tile_from).
 // - Not causal (every key tile walks every query tile): each (batch, kv head)'s key tiles one after
 //   the other, so the CTAs running at once stream the same Q and dO tiles and add into the same dQ.
 // - Causal: key tile n walks the query tiles from its diagonal down, so the first key tiles carry
@@ -203,7 +208,7 @@ struct BackwardTileOrder {
     return o;
   }
 
-  int64_t size() const { return int64_t(order.per_unit) * order.units; }
+  CUTE_HOST_DEVICE int64_t size() const { return int64_t(order.per_unit) * order.units; }
 
   CUTE_HOST_DEVICE Tile tile(int i) const {
     int rank, unit;

@@ -406,9 +406,10 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   dq_shape.push_back(kernels.head_dim);
   const Tensor dq_accum = torch::stable::new_empty(q, IntArrayRef(dq_shape.data(), dq_shape.size()), ScalarType::Float);
   const Tensor delta = torch::stable::new_empty(q, IntArrayRef(rows_shape.data(), rows_shape.size()), ScalarType::Float);
-  std::optional<Tensor> lse_log2;
+  std::optional<Tensor> lse_log2, tile_counter;
   if (kernels.family == Family::kSm90) {
     lse_log2 = torch::stable::new_empty(q, IntArrayRef(rows_shape.data(), rows_shape.size()), ScalarType::Float);
+    tile_counter = torch::stable::new_empty(q, {1}, ScalarType::Int);  // zeroed by the pre-pass
   }
 
   fill_forward_params(p, q, in.k, in.v, in.out, in.lse, s, scale);
@@ -423,6 +424,7 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   p.dq_accum = static_cast<float*>(dq_accum.data_ptr());
   p.delta = static_cast<float*>(delta.data_ptr());
   p.lse_log2 = lse_log2 ? static_cast<float*>(lse_log2->data_ptr()) : nullptr;
+  p.tile_counter = tile_counter ? static_cast<int*>(tile_counter->data_ptr()) : nullptr;
   p.seqlen_q_rounded = static_cast<int>(rounded);
   p.head_dim_rounded = kernels.head_dim;
   p.workspace_head_rows = packed ? head_rows : 0;
