@@ -38,12 +38,19 @@ SUMMARY_METRICS = [
                            "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"), lambda v: f"{v:.1f}"),
     ("registers/thread", "launch__registers_per_thread", lambda v: f"{v:.0f}"),
     ("smem/block", "launch__shared_mem_per_block_dynamic", None),  # raw value and ncu's unit
+    ("L2 throughput %", "lts__throughput.avg.pct_of_peak_sustained_elapsed", lambda v: f"{v:.1f}"),
+    ("L1/smem throughput %", "l1tex__throughput.avg.pct_of_peak_sustained_active", lambda v: f"{v:.1f}"),
+    ("L2 hit rate %", "lts__t_sector_hit_rate.pct", lambda v: f"{v:.1f}"),
+    ("L2 bytes GB", "lts__t_bytes.sum", lambda v: f"{v / 1e9:.2f}"),
+    ("L2 reduction sectors M", "lts__t_sectors_op_red.sum", lambda v: f"{v / 1e6:.2f}"),
     ("achieved occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", lambda v: f"{v:.1f}"),
     ("local loads (spills)", "smsp__sass_inst_executed_op_local_ld.sum", lambda v: f"{v:.0f}"),
     ("local stores (spills)", "smsp__sass_inst_executed_op_local_st.sum", lambda v: f"{v:.0f}"),
     ("smem ld bank conflicts", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum", lambda v: f"{v:.0f}"),
     ("smem st bank conflicts", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", lambda v: f"{v:.0f}"),
 ]
+# Metrics the "full" set does not collect under these names: asked for with --metrics as well.
+EXTRA_METRICS = ["lts__t_bytes.sum", "lts__t_sectors_op_red.sum"]
 STALL_METRIC = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 # ncu's raw page states each metric's unit in its second row; scale to seconds and bytes.
 CANONICAL = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
@@ -305,7 +312,7 @@ def main(argv=None) -> int:
     worker_cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", ",".join(map(str, args.shape)),
                   "--dtype", args.dtype, "--mode", args.mode, "--impl", args.impl] + (["--causal"] if args.causal else [])
     cmd = [args.ncu, "--profile-from-start", "off", "--nvtx", "--clock-control", "none", "--set", args.set,
-           "--import-source", "yes", "--force-overwrite", "--export", str(report.with_suffix(""))] + worker_cmd
+           "--metrics", ",".join(EXTRA_METRICS), "--import-source", "yes", "--force-overwrite", "--export", str(report.with_suffix(""))] + worker_cmd
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     flops = case_flops(args.shape, args.causal, args.mode)

@@ -1,0 +1,151 @@
+"""Sustained runs: each implementation's call back to back for a few seconds while nvidia-smi samples
+the SM clock and the board power, so that a gap between two kernels can be split into cycles
+(the work a call costs at any clock) and clock (what the card's power limit leaves it).
+
+    python benchmarks/sustained.py --shapes "4,16,4096,256" --mode fwd --impl fa-sm90,fa3
+    python benchmarks/sustained.py --shapes "4,16,4096,256" --mode bwd --causal 0 --seconds 4
+
+The implementations take turns (A B A B, --rounds), each window timed with CUDA events around its
+calls; a sample of nvidia-smi counts for the window it falls in. "Mcycles/call" is ms per call
+times the mean SM clock: level between two implementations while their ms differ means the
+slower one runs at a lower clock (power), not that it does more work a cycle. nvidia-smi's
+readings are averages over its own update period (about 20-100 ms), so a window should be
+seconds long.
+"""
+
+import argparse
+import itertools
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402
+
+
+class Sampler:
+    """nvidia-smi in the background: (time, SM MHz, W) samples as they arrive."""
+
+    def __init__(self, period_ms=50):
+        self.samples = []
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+             f"-lms={period_ms}", f"--id={torch.cuda.current_device()}"],
+            stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                mhz, watts = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            self.samples.append((time.monotonic(), mhz, watts))
+
+    def between(self, t0, t1):
+        inside = [(m, w) for t, m, w in self.samples if t0 <= t <= t1]
+        if not inside:
+            return float("nan"), float("nan"), 0
+        return statistics.mean(m for m, _ in inside), statistics.mean(w for _, w in inside), len(inside)
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def flushed_window(call, seconds, flush):
+    """As triton's do_bench (bench.py's timing): before each call a 256 MB buffer is written
+    (flush "write", do_bench's L2 flush: L2 left full of dirty lines) or read ("read": L2 left
+    clean), and only the call is timed: (median ms per call, wall start, wall end)."""
+    buffer = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
+    sink = torch.empty((), dtype=torch.int32, device="cuda")
+    call()
+    torch.cuda.synchronize()
+    times = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        events = []
+        for _ in range(20):
+            if flush == "write":
+                buffer.zero_()
+            else:
+                torch.sum(buffer, dim=0, dtype=torch.int32, out=sink)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        times += [s.elapsed_time(e) for s, e in events]
+    return statistics.median(times), t0 + 0.3, time.monotonic()
+
+
+def window(call, seconds, flush="none"):
+    """Calls back to back for about `seconds`: (ms per call, wall start, wall end)."""
+    if flush != "none":
+        return flushed_window(call, seconds, flush)
+    call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.monotonic()
+    start.record()
+    calls = 0
+    while time.monotonic() - t0 < seconds:
+        for _ in range(10):
+            call()
+        calls += 10
+        if calls % 50 == 0:
+            torch.cuda.synchronize()  # keep the CPU's clock and the GPU's work together
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls, t0 + 0.3, time.monotonic()  # the first 0.3 s: ramp
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", type=bench.parse_shapes, default=[(4, 16, 4096, 256)], help="'B,H,S,D;B,H,S,D'")
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--causal", choices=["0", "1", "both"], default="0")
+    p.add_argument("--mode", choices=["fwd", "bwd"], default="fwd")
+    p.add_argument("--impl", default="fa-sm90,fa3")
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--flush", default="none",
+                   help="comma-separated: none (back to back), write (do_bench's L2 flush before each call), read")
+    args = p.parse_args(argv)
+    sampler = Sampler()
+    print("| dtype | shape (B, H, S, D) | causal | mode | flush | impl | round | ms/call | SM MHz | W | Mcycles/call | samples |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    causal_values = [False, True] if args.causal == "both" else [args.causal == "1"]
+    try:
+        for dtype in args.dtype.split(","):
+            for shape in args.shapes:
+                for causal in causal_values:
+                    case = bench.Case(*shape, causal=causal, mode=args.mode, dtype=dtype)
+                    inputs = bench.make_inputs(case, requires_grad=args.mode == "bwd")
+                    calls = {}
+                    for impl in args.impl.split(","):
+                        with bench.kernel_family(impl):
+                            calls[impl] = bench.case_call(case, bench.make_impl(impl), inputs)
+                    rounds = [(flush, r) for flush in args.flush.split(",") for r in range(args.rounds)]
+                    for (flush, r), (impl, call) in itertools.product(rounds, calls.items()):
+                        with bench.kernel_family(impl):
+                            ms, t0, t1 = window(call, args.seconds, flush)
+                        mhz, watts, n = sampler.between(t0, t1)
+                        print(f"| {dtype} | {shape} | {int(causal)} | {args.mode} | {flush} | {impl} | {r + 1} | {ms:.3f} | "
+                              f"{mhz:.0f} | {watts:.0f} | {ms * mhz / 1e3:.3f} | {n} |", flush=True)
+                    del inputs, calls
+                    torch.cuda.empty_cache()
+    finally:
+        sampler.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
