@@ -11,6 +11,11 @@ times the mean SM clock: level between two implementations while their ms differ
 slower one runs at a lower clock (power), not that it does more work a cycle. nvidia-smi's
 readings are averages over its own update period (about 20-100 ms), so a window should be
 seconds long.
+
+--flush none,write,read times the same calls three ways: back to back (none); with do_bench's L2
+flush before each call (write: a 256 MB buffer zeroed, L2 left full of dirty lines; only the call
+timed, the median taken), as bench.py's numbers are; and with the buffer summed instead (read: L2
+left clean).
 """
 
 import argparse
