@@ -71,13 +71,19 @@ struct BackwardTileHandoff {
 };
 
 // The steps of one CTA (key tile n_block of kv head head_kv): for each query head of the kv head's
-// group, the query tiles that see any of its keys, in order. Producer and consumers walk the same list.
+// group, the query tiles that see any of its keys. Producer and consumers walk the same list.
+//
+// Not causal, each key tile starts at query tile n_block (mod the count) and wraps around: the
+// CTAs that run at once (consecutive key tiles of one head) then add their dQ partials into
+// different query tiles of the workspace instead of all into the same one, whose 16-byte
+// reductions the L2 serialises per address. Causal, the key tiles start at their diagonals already.
 template <int kBlockM, int kBlockN, bool kCausal>
 struct BackwardSteps {
   int m_begin;  // first query tile that sees a key of the tile
   int m_tiles;  // query tiles from there to the end
   int head0;    // first query head of the group
   int count;    // m_tiles · group
+  int rotate;   // the first step's query tile, from m_begin
 
   CUTE_DEVICE BackwardSteps(const BackwardParams& p, const Sequence& seq, int n_block, int head_kv) {
     const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
@@ -87,9 +93,14 @@ struct BackwardSteps {
     const int group = p.heads_q / p.heads_kv;
     head0 = head_kv * group;
     count = m_tiles * group;
+    rotate = kCausal || m_tiles == 0 ? 0 : n_block % m_tiles;
   }
   CUTE_DEVICE int head(int t) const { return head0 + t / m_tiles; }
-  CUTE_DEVICE int m_block(int t) const { return m_begin + t % m_tiles; }
+  CUTE_DEVICE int m_block(int t) const {
+    int i = t % m_tiles + rotate;
+    if (i >= m_tiles) i -= m_tiles;
+    return m_begin + i;
+  }
   // Step t's first row in the workspaces' row space (lse_log2, delta, dQ).
   CUTE_DEVICE int64_t workspace_row(const BackwardParams& p, const Sequence& seq, int batch, int t) const {
     return seq.workspace_row(p, batch, head(t)) + m_block(t) * kBlockM;
