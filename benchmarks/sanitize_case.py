@@ -1,6 +1,7 @@
 """Small odd-length cases for compute-sanitizer (memcheck, racecheck, synccheck), in three parts;
-`python sanitize_case.py [dense] [varlen] [kvcache]` runs the parts named (all without arguments;
-`forward` is dense's forward calls alone, for a change that touches only the forward kernels).
+`python sanitize_case.py [dense] [varlen] [kvcache] [--dims=D,...]` runs the parts named (all without
+arguments; `forward` is dense's forward calls alone, for a change that touches only the forward
+kernels; --dims keeps dense's cases of those head dims).
 
 dense: the kernels of every head dim fa instantiates (32, 64, 96, 128, 256), forward and backward,
 causal and not, with sequence tails, key-tile counts odd and even (the D = 128 Ampere forward's two
@@ -10,7 +11,8 @@ rows that see no key, a persistent grid that gives a CTA several tiles, a backwa
 walk many query tiles of each head of a GQA group, and 8269 keys at head dim 128 (the Hopper
 forward's wide key tile, non-causal, with a partial last tile); at D = 256 and with the wide key
 tile (8200 keys), more query tiles than a GPU has SMs, so that a persistent CTA runs several of
-the tiles whose output is staged in Q's buffer.
+the tiles whose output is staged in Q's buffer; and a D = 256 backward of more key tiles than SMs
+(a persistent CTA's steps run on from one key tile to the next).
 varlen: a variable-length batch (fa.attention_varlen) with empty sequences on either side,
 one-row and odd-length ones, Sq != Sk per sequence, on each family.
 kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 and 256, a shuffled
@@ -25,7 +27,11 @@ import torch
 
 import fa
 
-parts = sys.argv[1:] or ["dense", "varlen", "kvcache"]
+# --dims=256,128: dense's cases of those head dims only (a build of a subset of head dims, or a
+# change to one head dim's kernels).
+dims = [a for a in sys.argv[1:] if a.startswith("--dims=")]
+head_dims = {int(x) for x in dims[0][len("--dims="):].split(",")} if dims else None
+parts = [a for a in sys.argv[1:] if not a.startswith("--dims=")] or ["dense", "varlen", "kvcache"]
 families = fa.build_info()["device_kernel_families"]
 
 
@@ -35,7 +41,10 @@ def dense(backward=True):
         for causal in (False, True):
             for (b, sq, sk, d) in ((1, 77, 133, 64), (1, 130, 61, 40), (1, 77, 133, 128), (1, 130, 61, 104),
                                    (1, 77, 133, 96), (1, 130, 61, 32), (1, 77, 133, 256), (8, 700, 300, 128),
-                                   (1, 33, 8269, 128), (8, 1100, 200, 256), (4, 1100, 8200, 128)):
+                                   (1, 33, 8269, 128), (8, 1100, 200, 256), (4, 1100, 8200, 128),
+                                   (3, 300, 2900, 256)):
+                if head_dims is not None and d not in head_dims:
+                    continue
                 q = torch.randn(b, 4, sq, d, device="cuda", dtype=torch.float16, requires_grad=backward)
                 k = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=backward)
                 v = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=backward)

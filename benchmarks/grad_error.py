@@ -1,0 +1,91 @@
+"""The backward's error against float64, side by side with its peers on the same inputs.
+
+For each shape: dq, dk and dv of fa (each family this build can run), FlashAttention-3 (when
+`flash_attn_interface` imports), SDPA's flash backend and PyTorch's math path in the input dtype,
+against the float64 gradients of tests/helpers.py. Prints the maximum and the RMS error of each
+(the RMS relative to the reference's RMS), so that a change to how the backward rounds (such as
+P read back in fp16/bf16 for dS) shows how far it moves fa against what its peers make.
+
+    python benchmarks/grad_error.py [--shapes "2,8,1024,256;2,8,1024,128"] [--dtype float16,bfloat16]
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+import helpers  # noqa: E402
+
+import fa  # noqa: E402
+
+
+def grads(name, fn, q, k, v, dout):
+    """dq, dk, dv of fn; for "fa-<family>", with that family forced for the forward and the
+    backward (the family setting is read at each call)."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    if name.startswith("fa-"):
+        os.environ[fa._info.FAMILY_ENV] = name[3:]
+    try:
+        fn(q, k, v).backward(dout)
+    finally:
+        os.environ.pop(fa._info.FAMILY_ENV, None)
+    return q.grad, k.grad, v.grad
+
+
+def impls(causal):
+    found = {}
+    for family in helpers.cuda_families():
+        found[f"fa-{family}"] = lambda q, k, v: fa.attention(q, k, v, causal=causal)
+    try:
+        import flash_attn_interface
+
+        def run_fa3(q, k, v):
+            out = flash_attn_interface.flash_attn_func(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+            out = out[0] if isinstance(out, tuple) else out
+            return out.transpose(1, 2)
+        found["fa3"] = run_fa3
+    except ImportError:
+        print("(FA3: flash_attn_interface does not import; left out)")
+
+    def run_flash(q, k, v):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    found["flash (FA2)"] = run_flash
+    found["math, input dtype"] = lambda q, k, v: helpers.naive_attention(q, k, v, causal, dtype=q.dtype)[0]
+    return found
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="2,8,1024,256;2,8,1024,128", help="B,H,S,D;...")
+    ap.add_argument("--dtype", default="float16,bfloat16")
+    ap.add_argument("--causal", default="both", choices=["0", "1", "both"])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    print(f"fa {fa.__version__}, {torch.cuda.get_device_name()}")
+    print("| dtype | shape | causal | impl | dq max | dk max | dv max | dq rms | dk rms | dv rms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for dtype_name in args.dtype.split(","):
+        dtype = getattr(torch, dtype_name)
+        for shape in args.shapes.split(";"):
+            b, h, s, d = (int(x) for x in shape.split(","))
+            for causal in ([False, True] if args.causal == "both" else [args.causal == "1"]):
+                q, k, v = helpers.random_qkv(b, h, h, s, s, d, dtype, "cuda", seed=args.seed)
+                dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(args.seed + 1)).to("cuda", dtype)
+                ref = helpers.naive_attention_grads(q, k, v, dout, causal=causal)
+                for name, fn in impls(causal).items():
+                    got = grads(name, fn, q, k, v, dout)
+                    maxes = [helpers.max_err(g, r) for g, r in zip(got, ref)]
+                    rms = [((g.double() - r).pow(2).mean() / r.pow(2).mean()).sqrt().item() for g, r in zip(got, ref)]
+                    print(f"| {dtype_name} | {shape} | {int(causal)} | {name} | "
+                          + " | ".join(f"{x:.2e}" for x in maxes) + " | "
+                          + " | ".join(f"{x:.2e}" for x in rms) + " |")
+                del ref
+
+
+if __name__ == "__main__":
+    main()
