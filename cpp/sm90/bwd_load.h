@@ -74,9 +74,10 @@ struct BackwardTileHandoff {
 // group, the query tiles that see any of its keys. Producer and consumers walk the same list.
 //
 // Not causal, each key tile starts at query tile n_block (mod the count) and wraps around: the
-// CTAs that run at once (consecutive key tiles of one head) then add their dQ partials into
-// different query tiles of the workspace instead of all into the same one, whose 16-byte
-// reductions the L2 serialises per address. Causal, the key tiles start at their diagonals already.
+// CTAs that run at once (consecutive key tiles of one head) then read Q and dO and add their dQ
+// partials at different query tiles, not all at the same one at once. Measured 1-2.6% faster at
+// D = 128, up to 1.8% at 64, level at 256 (benchmarks/NOTES.md, session 24). Causal key tiles
+// start at their diagonals already.
 template <int kBlockM, int kBlockN, bool kCausal>
 struct BackwardSteps {
   int m_begin;  // first query tile that sees a key of the tile
