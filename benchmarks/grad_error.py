@@ -10,52 +10,38 @@ P read back in fp16/bf16 for dS) shows how far it moves fa against what its peer
 """
 
 import argparse
-import os
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+here = Path(__file__).resolve().parent
+sys.path.insert(0, str(here))
+sys.path.insert(0, str(here.parent / "tests"))
+import bench  # noqa: E402
 import helpers  # noqa: E402
 
-import fa  # noqa: E402
 
-
-def grads(name, fn, q, k, v, dout):
-    """dq, dk, dv of fn; for "fa-<family>", with that family forced for the forward and the
-    backward (the family setting is read at each call)."""
+def grads(impl, fn, q, k, v, dout, causal):
+    """dq, dk, dv of bench.py's implementation `impl`; fa's family (fa-sm90, fa-sm80) forced for the
+    forward and the backward both (the setting is read at each call)."""
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    if name.startswith("fa-"):
-        os.environ[fa._info.FAMILY_ENV] = name[3:]
-    try:
-        fn(q, k, v).backward(dout)
-    finally:
-        os.environ.pop(fa._info.FAMILY_ENV, None)
+    with bench.kernel_family(impl):
+        fn(q, k, v, causal).backward(dout)
     return q.grad, k.grad, v.grad
 
 
-def impls(causal):
+def impls():
+    """fa's families this build runs here, FA3 if it imports, FA2 and the math path in the input
+    dtype: bench.py's runners."""
+    names = [f"fa-{family}" for family in helpers.cuda_families()] + ["fa3", "flash"]
     found = {}
-    for family in helpers.cuda_families():
-        found[f"fa-{family}"] = lambda q, k, v: fa.attention(q, k, v, causal=causal)
-    try:
-        import flash_attn_interface
-
-        def run_fa3(q, k, v):
-            out = flash_attn_interface.flash_attn_func(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
-            out = out[0] if isinstance(out, tuple) else out
-            return out.transpose(1, 2)
-        found["fa3"] = run_fa3
-    except ImportError:
-        print("(FA3: flash_attn_interface does not import; left out)")
-
-    def run_flash(q, k, v):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    found["flash (FA2)"] = run_flash
-    found["math, input dtype"] = lambda q, k, v: helpers.naive_attention(q, k, v, causal, dtype=q.dtype)[0]
+    for name in names:
+        try:
+            found[name] = bench.make_impl(name)
+        except ImportError as err:
+            print(f"({name}: not importable, left out: {err})")
+    found["math, input dtype"] = lambda q, k, v, causal: helpers.naive_attention(q, k, v, causal, dtype=q.dtype)[0]
     return found
 
 
@@ -66,9 +52,12 @@ def main():
     ap.add_argument("--causal", default="both", choices=["0", "1", "both"])
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    import fa
+
     print(f"fa {fa.__version__}, {torch.cuda.get_device_name()}")
     print("| dtype | shape | causal | impl | dq max | dk max | dv max | dq rms | dk rms | dv rms |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    runners = impls()
     for dtype_name in args.dtype.split(","):
         dtype = getattr(torch, dtype_name)
         for shape in args.shapes.split(";"):
@@ -77,8 +66,8 @@ def main():
                 q, k, v = helpers.random_qkv(b, h, h, s, s, d, dtype, "cuda", seed=args.seed)
                 dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(args.seed + 1)).to("cuda", dtype)
                 ref = helpers.naive_attention_grads(q, k, v, dout, causal=causal)
-                for name, fn in impls(causal).items():
-                    got = grads(name, fn, q, k, v, dout)
+                for name, fn in runners.items():
+                    got = grads(name, fn, q, k, v, dout, causal)
                     maxes = [helpers.max_err(g, r) for g, r in zip(got, ref)]
                     rms = [((g.double() - r).pow(2).mean() / r.pow(2).mean()).sqrt().item() for g, r in zip(got, ref)]
                     print(f"| {dtype_name} | {shape} | {int(causal)} | {name} | "
