@@ -165,10 +165,8 @@ int main() {
   for (int n : {1, clusters}) {
     std::printf("%d cluster(s):\n", n);
     int wrong[3];
-    const double c0 = clocks_per_exchange<0>(n, wrong[0]);
-    const double c1 = clocks_per_exchange<1>(n, wrong[1]);
-    const double c2 = clocks_per_exchange<2>(n, wrong[2]);
-    const double c[] = {c0, c1, c2};
+    const double c[] = {clocks_per_exchange<0>(n, wrong[0]), clocks_per_exchange<1>(n, wrong[1]),
+                        clocks_per_exchange<2>(n, wrong[2])};
     for (int m = 0; m < 3; ++m) {
       std::printf("  %-40s %8.0f clocks an exchange, %d vectors wrong\n", names[m], c[m], wrong[m]);
     }
