@@ -56,8 +56,8 @@ def test_gradients_bf16(device, causal):
 
 HEAD_DIM_256_CASES = [
     # (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype): the Hopper kernel at head dim
-    # 256 has its own tiling (64 x 64 tiles, the warpgroups split the head dim), so its edges again;
-    # head dims between 128 and 256 run on it with the columns past head_dim zero-filled.
+    # 256 has its own tiling (64 queries x 80 keys, the warpgroups split the head dim), so its edges
+    # again; head dims between 128 and 256 run on it with the columns past head_dim zero-filled.
     (1, 1, 1, 1, 1, 256, torch.float16),
     (2, 3, 3, 17, 17, 256, torch.bfloat16),
     (1, 2, 2, 1000, 1000, 256, torch.float16),
@@ -65,6 +65,9 @@ HEAD_DIM_256_CASES = [
     (1, 2, 2, 300, 113, 256, torch.float16),
     (2, 8, 2, 140, 170, 256, torch.bfloat16),  # GQA
     (1, 2, 2, 150, 170, 200, torch.float16),
+    (1, 2, 2, 160, 240, 256, torch.float16),  # whole 80-key tiles; causal: diagonals inside tiles
+    (1, 1, 1, 81, 81, 256, torch.bfloat16),  # one key past a tile
+    (1, 2, 2, 64, 400, 256, torch.float16),  # Sq < Sk: one query tile, five key tiles
 ]
 
 
@@ -179,7 +182,7 @@ MANY_KEY_TILE_CASES = [
     # different lengths when causal), its pipelines running on from one to the next.
     (3, 8, 2, 333, 2900, 64, torch.float16),  # 23 key tiles of 128 per kv head: 138; GQA
     (2, 6, 6, 1500, 1500, 128, torch.bfloat16),  # 12 x 12 = 144
-    (2, 4, 4, 700, 1100, 256, torch.float16),  # 18 key tiles of 64 x 8 = 144
+    (2, 4, 4, 700, 1300, 256, torch.float16),  # 17 key tiles of 80 x 8 = 136
 ]
 
 

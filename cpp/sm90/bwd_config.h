@@ -7,9 +7,17 @@
 // A operands of its own dV += Pᵀ dO and dK += dSᵀ Q (keys × head dim). dQ = dS K needs every key:
 // dSᵀ goes through shared memory and the two warpgroups split dQ's columns.
 //
-// Above head dim 128 (kSplitHeadDim) a CTA owns 64 keys and the warpgroups split the head dim
-// for dK, dV and dQ and the queries for Sᵀ and dPᵀ; Pᵀ goes through shared memory too, and dV
-// and dK read Pᵀ and dSᵀ from there (every query's, written by both warpgroups).
+// Above head dim 128 (kSplitHeadDim) dK and dV of 64 keys per warpgroup would not fit in registers,
+// and dQ's reductions bound the step (benchmarks/NOTES.md, sessions 24-26): a CTA owns 80 keys
+// (FA3's tile: 20% fewer dQ bytes per FLOP than 64) and the warpgroups split the head dim for
+// dK, dV and dQ and the keys for S and dP:
+//   S = Q Kᵀ, dP = dO Vᵀ   queries × keys, 40 keys per warpgroup (wgmma N = 40);
+//   P, dS                  to shared memory as Pᵀ, dSᵀ (keys × queries, stmatrix .trans);
+//   dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS   head dim × keys (wgmma M = the head dim, 128 rows per
+//                          warpgroup, N = 80 keys): 2 × 80 accumulator registers a thread;
+//   dQ = dS K              in two slices of 128 columns (64 per warpgroup), each added to the
+//                          workspace from registers before the next is computed (32 registers).
+// One dO buffer (released once dV's GEMM is done) pays for the 80-key K and V tiles.
 #pragma once
 
 #include <type_traits>
@@ -28,7 +36,7 @@ struct BackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // query rows per step
   static constexpr int kBlockN = kBlockN_;  // keys of the CTA
-  static constexpr int kStages = kStages_;  // Q (with its lse) and dO (with its delta) buffers each
+  static constexpr int kStages = kStages_;  // Q (with its lse) buffers
 
   static constexpr int kMmaWarpgroups = 2;
   static constexpr int kMmaThreads = kMmaWarpgroups * 128;
@@ -40,12 +48,17 @@ struct BackwardConfig {
   // then holds dK, dV and dQ for half the head dim, computes Sᵀ and dPᵀ for half the queries, and
   // Pᵀ joins dSᵀ in shared memory (dV and dK read both as shared-memory operands).
   static constexpr bool kSplitHeadDim = kHeadDim > 128;
-  static_assert(kBlockN == (kSplitHeadDim ? 64 : 64 * kMmaWarpgroups), "64 keys per wgmma M");
+  static_assert(kSplitHeadDim ? kBlockN % 16 == 0 && kBlockN / kMmaWarpgroups % 8 == 0 && kBlockM == 64
+                              : kBlockN == 64 * kMmaWarpgroups,
+                "keys: 64 per wgmma M; or, split, whole k16 slices and wgmma N of 8s");
   static_assert(kBlockM % 64 == 0 && kHeadDim % 64 == 0, "whole 128-byte swizzle rows");
+  static constexpr int kStagesdO = kSplitHeadDim ? 1 : kStages;  // dO (with its delta) buffers
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
   using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TileKVt = cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>;  // split: dKᵀ, dVᵀ
   using TileSt = cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>;  // keys × queries
+  using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>;   // split: queries × keys
 
   // Every tile in the 128-byte swizzle (rows of 64 elements) that TMA and wgmma read without bank
   // conflicts. Each is also read transposed by one GEMM: the same bytes seen with the other mode
@@ -54,6 +67,9 @@ struct BackwardConfig {
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
   using SmemLayoutQt = TransposedLayout<SmemLayoutQ>;
+  using SmemLayoutdO = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStagesdO>>{}));
+  using SmemLayoutdOt = TransposedLayout<SmemLayoutdO>;
   using SmemLayoutKV = decltype(cute::tile_to_shape(SmemAtom{}, TileKV{}));
   using SmemLayoutKt = TransposedLayout<SmemLayoutKV>;
   // dSᵀ as the consumers write it (keys × queries, queries contiguous), two buffers so that one
@@ -62,19 +78,20 @@ struct BackwardConfig {
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::_2>{}));
   using SmemLayoutdS = TransposedLayout<SmemLayoutdSt>;
 
-  // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ: both operands in shared memory, warpgroups along the keys (or, split
-  // head dim, along the queries).
+  // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ (M = 64 keys per warpgroup, N = the queries); split head dim S = Q Kᵀ,
+  // dP = dO Vᵀ (M = the 64 queries, N = kBlockN / 2 keys per warpgroup). Both operands in shared
+  // memory.
   using AlongM = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
   using AlongN = cute::Layout<cute::Shape<cute::_1, cute::Int<kMmaWarpgroups>, cute::_1>>;
   using ScoreWarpgroups = std::conditional_t<kSplitHeadDim, AlongN, AlongM>;
-  static constexpr int kScoreColumns = kSplitHeadDim ? kBlockM / kMmaWarpgroups : kBlockM;  // per warpgroup
+  static constexpr int kScoreColumns = kSplitHeadDim ? kBlockN / kMmaWarpgroups : kBlockM;  // per warpgroup
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::_64, cute::Int<kScoreColumns>, cute::Int<kHeadDim>>>(),
       ScoreWarpgroups{}));
-  // dV += Pᵀ dO, dK += dSᵀ Q, B = dO or Q read as head dim × queries. A from registers (the
-  // converted Sᵀ-shaped accumulators), or, split head dim, Pᵀ and dSᵀ from shared memory with the
-  // warpgroups along the head dim.
+  // dV += Pᵀ dO, dK += dSᵀ Q, B = dO or Q read as head dim × queries, A from registers (the
+  // converted Sᵀ-shaped accumulators). Split head dim: dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS, A = dOᵀ or Qᵀ
+  // (head dim × queries), B = Pᵀ or dSᵀ from shared memory, the warpgroups along the head dim.
   using TiledMmadKVKeys = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float,
                                  cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
@@ -82,15 +99,18 @@ struct BackwardConfig {
       AlongM{}));
   using TiledMmadKVSplit = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kHeadDim / kMmaWarpgroups>, cute::Int<kBlockM>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
-      AlongN{}));
+                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kBlockM>>,
+                                 cute::GMMA::Major::MN, cute::GMMA::Major::K>(),
+      AlongM{}));
   using TiledMmadKV = std::conditional_t<kSplitHeadDim, TiledMmadKVSplit, TiledMmadKVKeys>;
   // dQ = dS K: dS and K both MN-major from shared memory. The warpgroups split the query rows
-  // where there are 128 (wgmma N = the head dim), else the head dim (N = D / 2).
+  // where there are 128 (wgmma N = the head dim), else the head dim (N = D / 2); split head dim,
+  // N = 64 a warpgroup, which tiles the head dim in kdQSlices slices computed one after the other.
   static constexpr bool kdQAlongM = kBlockM >= 128;
   static_assert(!kdQAlongM || kBlockM % (64 * kMmaWarpgroups) == 0);
-  static constexpr int kdQColumns = kdQAlongM ? kHeadDim : kHeadDim / kMmaWarpgroups;
+  static constexpr int kdQColumns = kdQAlongM ? kHeadDim : kSplitHeadDim ? 64 : kHeadDim / kMmaWarpgroups;
+  static constexpr int kdQSlices = kHeadDim / (kdQColumns * (kdQAlongM ? 1 : kMmaWarpgroups));
+  using TileQSlice = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / kdQSlices>>;
   using TiledMmadQ = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::_64, cute::Int<kdQColumns>, cute::Int<kBlockN>>,
@@ -98,6 +118,7 @@ struct BackwardConfig {
       std::conditional_t<kdQAlongM, AlongM, AlongN>{}));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelinedO = cutlass::PipelineTmaAsync<kStagesdO>;
 
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr int kRowBytes = kBlockM * sizeof(float);  // a tile's lse or delta values
@@ -106,9 +127,9 @@ struct BackwardConfig {
   // registers: see dq_staging_offset(). Staged in shared memory for the dQ writer's bulk
   // reductions, kdQStages buffers (a warpgroup's reduction of one step may still be reading its
   // buffer while the next step stages into the other); or, split head dim (kdQFromRegisters),
-  // added to the workspace straight from registers by 16-byte reductions: a staged tile is 64 KB
-  // there, which buys a second Q and dO stage instead, and saves the tile's trip through shared
-  // memory (written, then read by the reduction: 128 KB a step beside the GEMMs' operand reads).
+  // added to the workspace straight from registers by 16-byte reductions: a staged tile would be
+  // 64 KB there, and the tile's trip through shared memory (written, then read by the reduction)
+  // is saved.
   static constexpr int kdQWarpgroupFloats = kBlockM * kHeadDim / kMmaWarpgroups;
   static constexpr bool kdQFromRegisters = kSplitHeadDim;
   static constexpr int kdQStages = kdQFromRegisters ? 0 : 2;
@@ -127,14 +148,14 @@ struct BackwardConfig {
   struct SharedStorage : std::conditional_t<kSplitHeadDim, PtBuffer, NoPtBuffer>,
                          std::conditional_t<kdQFromRegisters, NoDqStaging, DqStaging> {
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutQ{}))::value, 1024> q;
-    cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutQ{}))::value, 1024> dout;
+    cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutdO{}))::value, 1024> dout;
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutKV{}))::value, 1024> k;
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutKV{}))::value, 1024> v;
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutdSt{}))::value, 1024> ds;
     cute::array_aligned<float, kStages * kBlockM, 128> lse_log2;  // with Q
-    cute::array_aligned<float, kStages * kBlockM, 128> delta;     // with dO
+    cute::array_aligned<float, kStagesdO * kBlockM, 128> delta;   // with dO
     typename Pipeline::SharedStorage pipeline_q;
-    typename Pipeline::SharedStorage pipeline_do;
+    typename PipelinedO::SharedStorage pipeline_do;
     uint64_t kv_full;   // transaction barrier of the K and V tiles
     uint64_t kv_empty;  // the consumers have stored a key tile's dK and dV from K's and V's buffers
     uint64_t writer_tile_full;   // next_tile holds the next index, for the dQ writer

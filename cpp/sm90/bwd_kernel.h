@@ -31,12 +31,8 @@
 // the dQ writer (whose bulk reduction runs on while dK and the next steps compute); once dK is
 // done, release Q and dO.
 //
-// Above head dim 128 (Config::kSplitHeadDim, 64 keys a CTA): the consumer warpgroups split the
-// queries for Sᵀ and dPᵀ and the head dim for dV, dK and dQ. A step: Sᵀ, dPᵀ (32 queries each);
-// Pᵀ and dSᵀ both to shared memory; after kdSFull, issue dQ, dV += Pᵀ dO and dK += dSᵀ Q (every
-// query, this warpgroup's 128 columns; Pᵀ and dSᵀ as shared-memory operands); once dQ is done, add
-// it to the workspace from registers (16-byte reductions: no dQ writer, no staging); once dK is
-// done, release Q and dO.
+// Above head dim 128 (Config::kSplitHeadDim, 80 keys a CTA) the consumers run another step:
+// BackwardMmaSplit (sm90/bwd_mma_split.h).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -48,7 +44,9 @@
 #include "common/fragment_convert.h"
 #include "common/sequence.h"
 #include "fa/params.h"
+#include "sm90/bwd_epilogue.h"
 #include "sm90/bwd_load.h"
+#include "sm90/bwd_mma_split.h"
 #include "sm90/fragments.h"
 #include "sm90/named_barriers.h"
 #include "sm90/pipeline.h"
@@ -70,53 +68,23 @@ struct BackwardKernelParams {
   TmaKVStore tma_dv;
 };
 
-template <class Config, bool kCausal, class Params>
-__global__ void __launch_bounds__(Config::kThreads, 1)
-    backward_kernel(const __grid_constant__ Params params) {
+// The consumers up to head dim 128 (64 keys a warpgroup).
+template <class Config, bool kCausal, class Params, class Storage, class Handoff>
+CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename Config::Pipeline& pipeline_q,
+                                   typename Config::PipelinedO& pipeline_do, Handoff const& handoff) {
   using namespace cute;
   using Element = typename Config::Element;
   using Pipeline = typename Config::Pipeline;
-  using Storage = typename Config::SharedStorage;
   constexpr int kBlockM = Config::kBlockM;
   constexpr int kBlockN = Config::kBlockN;
-  extern __shared__ char smem_raw[];
-  Storage& smem = *reinterpret_cast<Storage*>(smem_raw);
   const BackwardParams& p = params.attn;
-  const int warp = cutlass::canonical_warp_idx_sync();
-  const int warpgroup = cutlass::canonical_warp_group_idx();
-
-  if (warp == 0 && elect_one_sync()) {
-    cutlass::arch::ClusterTransactionBarrier::init(&smem.kv_full, 1);
-    cutlass::arch::ClusterBarrier::init(&smem.kv_empty, 1);
-    cutlass::arch::ClusterBarrier::init(&smem.writer_tile_full, 1);
-    cutlass::arch::ClusterBarrier::init(&smem.writer_tile_empty, 1);
-  }
-  // A Q (dO) stage completes with its tile and its rows' lse (delta).
-  const auto pipeline_params = tma_pipeline_params<Pipeline>(Config::kQBytes + Config::kRowBytes, Config::kMmaThreads);
-  Pipeline pipeline_q(smem.pipeline_q, pipeline_params, Shape<_1, _1, _1>{});
-  Pipeline pipeline_do(smem.pipeline_do, pipeline_params, Shape<_1, _1, _1>{});
-  __syncthreads();  // barriers initialised before any role uses them
-  // The next key tile's index, from the producer warp to the consumers and the dQ writer.
-  const BackwardTileHandoff<32 + Config::kMmaThreads, !Config::kdQFromRegisters> handoff{
-      &smem.next_tile, &smem.writer_tile_full, &smem.writer_tile_empty};
-
-  if (warpgroup == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
-    if (warp == 0) BackwardLoad<Config, kCausal>::run(params, smem, pipeline_q, pipeline_do, handoff);
-    if constexpr (!Config::kdQFromRegisters) {
-      if (warp == 1) BackwardDqWriter<Config, kCausal>::run(params, smem, handoff);
-    }
-    return;
-  }
-
-  cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
   const int mma_tid = threadIdx.x - 128;
-  const int wg = warpgroup - 1;                // consumer warpgroup 0 or 1 (warp-uniform)
+  const int wg = cutlass::canonical_warp_group_idx() - 1;  // consumer warpgroup 0 or 1 (warp-uniform)
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
   Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
-  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQt{});
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
+  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdOt{});
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
   Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKt{});
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
@@ -159,12 +127,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto thr_copy_ds = copy_ds.get_thread_slice(mma_tid);
   Tensor tdSsdS = thr_copy_ds.partition_D(sdSt);      // (CPY, CPY_M, CPY_N, 2 buffers)
-  // Split head dim (bwd_config.h): Pᵀ and dSᵀ are dV's and dK's shared-memory A operands.
-  constexpr bool kSplit = Config::kSplitHeadDim;
-  Element* pt_data = nullptr;
-  if constexpr (kSplit) pt_data = smem.pt.data();
-  Tensor sPt = make_tensor(make_smem_ptr(pt_data), typename Config::SmemLayoutdSt{});
-  Tensor tPsP = thr_copy_ds.partition_D(sPt);          // (CPY, CPY_M, CPY_N, 2 buffers)
 
   typename Pipeline::PipelineState q_state, do_state;  // run on from one key tile to the next
   int kv_tiles = 0;  // key tiles whose K and V this CTA has used
@@ -184,30 +146,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     // Waited for even with no step: the epilogue reuses K's and V's buffers.
     cutlass::arch::ClusterBarrier::wait(&smem.kv_full, kv_tiles % 2);
 
-    // dQ of a step, added to the workspace tile of (batch, head, m_block) in the layout of
-    // Config::dq_staging_offset: staged in shared memory (once the dQ writer says that its reduction
-    // from kdQStages steps back has read the buffer) and handed to the writer (bwd_load.h); or,
-    // kdQFromRegisters, by 16-byte reductions from registers (each warp's cover 512 contiguous bytes).
+    // dQ of a step, staged in shared memory in the layout of Config::dq_staging_offset (once the dQ
+    // writer says that its reduction from kdQStages steps back has read the buffer) and handed to
+    // the writer (bwd_load.h), which adds it to the workspace tile of (batch, head, m_block).
     auto add_dq = [&](int t, auto const& acc_dq) {
-      if constexpr (Config::kdQFromRegisters) {
-        float* dq_tile = p.dq_accum + steps.workspace_row(p, seq, batch, t) * Config::kHeadDim;
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 4) {
-          atomicAdd(reinterpret_cast<float4*>(dq_tile + Config::dq_staging_offset(mma_tid, i)),
-                    make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3)));
-        }
-      } else {
-        constexpr int kWriterThreads = BackwardDqWriter<Config, kCausal>::kBarrierThreads;
-        float* staging = smem.dq.data() + Config::dq_staging_buffer(t);
-        barrier_sync(BackwardBarrier::kdQEmpty, kWriterThreads, wg);
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 4) {
-          *reinterpret_cast<float4*>(staging + Config::dq_staging_offset(mma_tid, i)) =
-              make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
-        }
-        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
-        barrier_arrive(BackwardBarrier::kdQFull, kWriterThreads, wg);
+      constexpr int kWriterThreads = BackwardDqWriter<Config, kCausal>::kBarrierThreads;
+      float* staging = smem.dq.data() + Config::dq_staging_buffer(t);
+      barrier_sync(BackwardBarrier::kdQEmpty, kWriterThreads, wg);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 4) {
+        *reinterpret_cast<float4*>(staging + Config::dq_staging_offset(mma_tid, i)) =
+            make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
       }
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduction
+      barrier_arrive(BackwardBarrier::kdQFull, kWriterThreads, wg);
     };
 
     for (int t = 0; t < steps.count; ++t) {
@@ -262,93 +214,82 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       }
       Tensor rdS = convert_fragment<Element>(acc_dp);
 
-      // dSᵀ (and, split head dim, Pᵀ) to shared memory (buffer t % 2: its previous readers, step
-      // t - 2's GEMMs, finished before both warpgroups passed step t - 1's kdSFull), then dQ = dS K
-      // over all keys.
+      // dSᵀ to shared memory (buffer t % 2: its previous readers, step t - 2's GEMMs, finished
+      // before both warpgroups passed step t - 1's kdSFull), then dQ = dS K over all keys.
       const int ds_buffer = t % 2;
       copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
-      if constexpr (kSplit) copy(copy_ds, thr_copy_ds.retile_S(rP), tPsP(_, _, _, ds_buffer));
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
       // dV += Pᵀ dO is issued only now, after dSᵀ's store (FA3's order): issued as soon as Pᵀ was
       // converted, it ran beside the dS math, but the dSᵀ store and so the kdSFull barrier came
       // later; measured 4.6-5.9% faster at D = 64 this way, level at D = 128 (benchmarks/NOTES.md).
-      if constexpr (!kSplit) {
-        Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
-        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
-      }
+      Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
       barrier_sync(BackwardBarrier::kdSFull, Config::kMmaThreads);
       Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQ{});
       Tensor tdQrdS_buffer = tdQrdS(_, _, _, ds_buffer);
       gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, tdQrKt, acc_dq);
-      if constexpr (kSplit) {
-        // dV and dK over all queries from shared memory, behind dQ; dQ is added to the workspace
-        // from registers while they run.
-        Tensor tdVrPt = wg_dkv.partition_fragment_A(sPt)(_, _, _, ds_buffer);
-        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdVrPt, tdVrdOt(_, _, _, do_stage), acc_dv);
-        Tensor tdKrdSt = wg_dkv.partition_fragment_A(sdSt)(_, _, _, ds_buffer);
-        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrdSt, tdKrQt(_, _, _, q_stage), acc_dk);
-        gemm_wait<2>(acc_dq);
-        add_dq(t, acc_dq);
-        gemm_wait<0>(acc_dk);
-        warpgroup_fence_operand(acc_dv);
-      } else {
-        // dK behind dQ; dQ is staged for the dQ writer while dK runs.
-        Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_a_operand(acc_dp.layout()));
-        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdKrdS, tdKrQt(_, _, _, q_stage), acc_dk);
-        gemm_wait<1>(acc_dq);  // dV and dQ done
-        add_dq(t, acc_dq);
-        gemm_wait<0>(acc_dk);
-      }
+      // dK behind dQ; dQ is staged for the dQ writer while dK runs.
+      Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_a_operand(acc_dp.layout()));
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdKrdS, tdKrQt(_, _, _, q_stage), acc_dk);
+      gemm_wait<1>(acc_dq);  // dV and dQ done
+      add_dq(t, acc_dq);
+      gemm_wait<0>(acc_dk);
       pipeline_q.consumer_release(q_state);
       pipeline_do.consumer_release(do_state);
       ++q_state;
       ++do_state;
     }
 
-    // Epilogue: dK = scale · Σ dSᵀ Q and dV, converted, staged in K's and V's buffers (once both
-    // warpgroups' last dQ GEMMs have read K) and stored by TMA (rows past seqlen_k are clipped) or,
-    // in a varlen batch (where those rows are the next sequence's), with 16-byte writes.
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
-    Tensor rdK = convert_fragment<Element>(acc_dk);
-    Tensor rdV = convert_fragment<Element>(acc_dv);
-    // The thread index read again (an asm read the compiler cannot hoist): its epilogue-only
-    // derivatives, computed from the first read, were kept live through the main loop and spilled.
-    uint32_t tid_now;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_now));
-    const int epilogue_tid = int(tid_now) - 128;
+    // Epilogue (bwd_epilogue.h): dK and dV through K's and V's buffers (stmatrix), once both
+    // warpgroups' last dQ GEMMs have read K.
     auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
-    auto thr_copy_dkv = copy_dkv.get_thread_slice(epilogue_tid);
-    barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
-    copy(copy_dkv, thr_copy_dkv.retile_S(rdK), thr_copy_dkv.partition_D(sK));
-    copy(copy_dkv, thr_copy_dkv.retile_S(rdV), thr_copy_dkv.partition_D(sV));
-    cutlass::arch::fence_view_async_shared();
-    barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
-    if (p.cu_seqlens_q != nullptr) {
-      // The sequence's offsets read again rather than kept in registers through the main loop.
-      const Sequence out_seq = Sequence::of(p, batch);
-      auto store = [&](auto const& s, void* base, const Strides& stride) {
-        Element* dst = static_cast<Element*>(base) + out_seq.k_offset(stride, batch, head_kv) +
-                       int64_t(key_begin) * stride.row;
-        store_rows<kBlockN, Config::kHeadDim>(s, dst, stride.row, out_seq.seqlen_k - key_begin, p.head_dim, epilogue_tid,
-                                              Config::kMmaThreads);
-      };
-      store(sK, p.dk, p.dk_stride);
-      store(sV, p.dv, p.dv_stride);
-    } else if (epilogue_tid == 0) {
-      using TileKV = typename Config::TileKV;
-      Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-      Tensor mdV = params.tma_dv.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-      auto [tdKgdK, tdKsdK] = tma_tile<TileKV>(params.tma_dk, mdK, sK, n_block, head_kv, batch, 0);
-      auto [tdVgdV, tdVsdV] = tma_tile<TileKV>(params.tma_dv, mdV, sV, n_block, head_kv, batch, 0);
-      copy(params.tma_dk, tdKsdK, tdKgdK);
-      copy(params.tma_dv, tdVsdV, tdVgdV);
-      tma_store_arrive();
-      tma_store_wait<0>();  // the stores have read K's and V's buffers
-    }
-    if (p.cu_seqlens_q != nullptr) barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);  // every row stored
-    if (epilogue_tid == 0) cutlass::arch::ClusterBarrier::arrive(&smem.kv_empty);  // the producer may load the next K and V
+    store_dkv<Config>(params, smem, acc_dk, acc_dv, copy_dkv, sK, sV, n_block, head_kv, batch);
     ++kv_tiles;
+  }
+}
+
+template <class Config, bool kCausal, class Params>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    backward_kernel(const __grid_constant__ Params params) {
+  using namespace cute;
+  using Pipeline = typename Config::Pipeline;
+  using PipelinedO = typename Config::PipelinedO;
+  using Storage = typename Config::SharedStorage;
+  extern __shared__ char smem_raw[];
+  Storage& smem = *reinterpret_cast<Storage*>(smem_raw);
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+
+  if (warp == 0 && elect_one_sync()) {
+    cutlass::arch::ClusterTransactionBarrier::init(&smem.kv_full, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.kv_empty, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.writer_tile_full, 1);
+    cutlass::arch::ClusterBarrier::init(&smem.writer_tile_empty, 1);
+  }
+  // A Q (dO) stage completes with its tile and its rows' lse (delta).
+  const int stage_bytes = Config::kQBytes + Config::kRowBytes;
+  Pipeline pipeline_q(smem.pipeline_q, tma_pipeline_params<Pipeline>(stage_bytes, Config::kMmaThreads), Shape<_1, _1, _1>{});
+  PipelinedO pipeline_do(smem.pipeline_do, tma_pipeline_params<PipelinedO>(stage_bytes, Config::kMmaThreads),
+                         Shape<_1, _1, _1>{});
+  __syncthreads();  // barriers initialised before any role uses them
+  // The next key tile's index, from the producer warp to the consumers and the dQ writer.
+  const BackwardTileHandoff<32 + Config::kMmaThreads, !Config::kdQFromRegisters> handoff{
+      &smem.next_tile, &smem.writer_tile_full, &smem.writer_tile_empty};
+
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
+    if (warp == 0) BackwardLoad<Config, kCausal>::run(params, smem, pipeline_q, pipeline_do, handoff);
+    if constexpr (!Config::kdQFromRegisters) {
+      if (warp == 1) BackwardDqWriter<Config, kCausal>::run(params, smem, handoff);
+    }
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
+  if constexpr (Config::kSplitHeadDim) {
+    BackwardMmaSplit<Config, kCausal>::run(params, smem, pipeline_q, pipeline_do, handoff);
+  } else {
+    backward_mma_keys<Config, kCausal>(params, smem, pipeline_q, pipeline_do, handoff);
   }
 }
 

@@ -28,8 +28,9 @@ template <int kHeadDim>
 struct BackwardTile;
 template <> struct BackwardTile<64>  { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
 template <> struct BackwardTile<128> { static constexpr int kBlockM = 64,  kBlockN = 128, kStages = 2; };
-// D = 256: the warpgroups split the head dim and dQ is added from registers (bwd_config.h).
-template <> struct BackwardTile<256> { static constexpr int kBlockM = 64,  kBlockN = 64,  kStages = 2; };
+// D = 256: 80 keys a CTA, the warpgroups split the head dim, dQ is added from registers, one dO
+// buffer (bwd_config.h, bwd_mma_split.h).
+template <> struct BackwardTile<256> { static constexpr int kBlockM = 64,  kBlockN = 80,  kStages = 2; };
 
 template <class Element, int kHeadDim, class T = BackwardTile<kHeadDim>>
 using BackwardConfigFor = BackwardConfig<Element, kHeadDim, T::kBlockM, T::kBlockN, T::kStages>;

@@ -124,10 +124,11 @@ CUTE_DEVICE auto tma_tile(Tma const& tma, GlobalTensor const& m, SharedTensor co
 template <class Config, bool kCausal>
 struct BackwardLoad {
   using Pipeline = typename Config::Pipeline;
+  using PipelinedO = typename Config::PipelinedO;
 
   template <class Params, class Storage, class Handoff>
   CUTE_DEVICE static void run(Params const& params, Storage& smem, Pipeline& pipeline_q,
-                              Pipeline& pipeline_do, Handoff const& handoff) {
+                              PipelinedO& pipeline_do, Handoff const& handoff) {
     using namespace cute;
     const BackwardParams& p = params.attn;
     const bool leader = elect_one_sync();
@@ -138,12 +139,12 @@ struct BackwardLoad {
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
     Tensor mV = params.tma_v.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
-    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
 
     auto q_state = cutlass::make_producer_start_state<Pipeline>();
-    auto do_state = cutlass::make_producer_start_state<Pipeline>();
+    auto do_state = cutlass::make_producer_start_state<PipelinedO>();
     int kv_tiles = 0;  // key tiles whose K and V this CTA has loaded
     int handed = 0;    // next-tile indices handed over
     for (int tile_index = blockIdx.x; tile_index < params.order.size();) {
@@ -170,7 +171,7 @@ struct BackwardLoad {
       };
       // A tile by TMA and its rows' values (lse_log2 or delta) by a 1-D bulk copy, both completing
       // on the stage's full barrier.
-      auto load = [&](int t, Pipeline& pipeline, auto& state, auto const& tma, auto const& m, auto& s,
+      auto load = [&](int t, auto& pipeline, auto& state, auto const& tma, auto const& m, auto& s,
                       float* rows_smem, const float* rows_gmem) {
         pipeline.producer_acquire(state);
         if (leader) {

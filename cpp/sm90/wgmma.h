@@ -30,7 +30,7 @@ CUTE_DEVICE auto warpgroup_slice(TiledMma const& mma, int first_warpgroup) {
 // acc (=|+=) A · B. kZeroInit: acc = A · B (the wgmma scale-out of 0 on the first K slice).
 // kRegisterA: A is a register fragment (else, like B, wgmma descriptors of shared memory).
 template <bool kZeroInit, bool kRegisterA, class TiledMma, class TA, class TB, class TC>
-CUTE_DEVICE void gemm_async(TiledMma& mma, TA& a, TB const& b, TC& acc) {
+CUTE_DEVICE void gemm_async(TiledMma& mma, TA&& a, TB const& b, TC& acc) {
   using namespace cute;
   if constexpr (kRegisterA) warpgroup_fence_operand(a);
   warpgroup_fence_operand(acc);
