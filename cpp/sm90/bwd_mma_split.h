@@ -177,10 +177,10 @@ struct BackwardMmaSplit {
         gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, 0), acc_dq);
         gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrQt(_, _, _, q_stage),
                                                                tdKrdSt(_, _, _, buffer), acc_dk);
-        gemm_wait<1>(acc_dq);  // dV and dQ's first slice done
-        warpgroup_fence_operand(acc_dv);
+        gemm_wait<2>(acc_dv);  // dV done: dO's buffer is free for the next step's
         pipeline_do.consumer_release(do_state);
         ++do_state;
+        gemm_wait<1>(acc_dq);  // dQ's first slice done
         add_dq(0, acc_dq);
         CUTE_UNROLL
         for (int s = 1; s < kSlices; ++s) {
