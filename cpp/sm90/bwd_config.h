@@ -179,4 +179,38 @@ struct BackwardConfig {
   }
 };
 
+// The shared-memory tiles of a BackwardConfig's SharedStorage as CuTe tensors, those that a GEMM
+// reads transposed also seen so (the same bytes). Pᵀ's buffer (split head dim only) is viewed
+// where it is used (bwd_mma_split.h).
+template <class Config>
+struct BackwardSmemTensors {
+  using Element = typename Config::Element;
+  template <class Layout>
+  using View = decltype(cute::make_tensor(cute::make_smem_ptr(static_cast<Element*>(nullptr)), Layout{}));
+  template <class Layout>
+  CUTE_DEVICE static View<Layout> view(Element* data) { return cute::make_tensor(cute::make_smem_ptr(data), Layout{}); }
+
+  View<typename Config::SmemLayoutQ> q;
+  View<typename Config::SmemLayoutQt> qt;
+  View<typename Config::SmemLayoutdO> dout;
+  View<typename Config::SmemLayoutdOt> doutt;
+  View<typename Config::SmemLayoutKV> k, v;
+  View<typename Config::SmemLayoutKt> kt, vt;
+  View<typename Config::SmemLayoutdSt> dst;  // keys × queries, two buffers
+  View<typename Config::SmemLayoutdS> ds;    // the same seen as queries × keys
+
+  template <class Storage>
+  CUTE_DEVICE explicit BackwardSmemTensors(Storage& smem)
+      : q(view<typename Config::SmemLayoutQ>(smem.q.data())),
+        qt(view<typename Config::SmemLayoutQt>(smem.q.data())),
+        dout(view<typename Config::SmemLayoutdO>(smem.dout.data())),
+        doutt(view<typename Config::SmemLayoutdOt>(smem.dout.data())),
+        k(view<typename Config::SmemLayoutKV>(smem.k.data())),
+        v(view<typename Config::SmemLayoutKV>(smem.v.data())),
+        kt(view<typename Config::SmemLayoutKt>(smem.k.data())),
+        vt(view<typename Config::SmemLayoutKt>(smem.v.data())),
+        dst(view<typename Config::SmemLayoutdSt>(smem.ds.data())),
+        ds(view<typename Config::SmemLayoutdS>(smem.ds.data())) {}
+};
+
 }  // namespace fa::sm90

@@ -8,6 +8,7 @@
 #include "common/fragment_convert.h"
 #include "common/sequence.h"
 #include "fa/params.h"
+#include "sm90/bwd_config.h"
 #include "sm90/bwd_load.h"
 #include "sm90/named_barriers.h"
 #include "sm90/row_store.h"
@@ -42,8 +43,7 @@ CUTE_DEVICE void store_dkv(Params const& params, Storage& smem, AccK& acc_dk, Ac
   copy(copy_dkv, thr_copy_dkv.retile_S(rdV), thr_copy_dkv.partition_D(dst_v));
   cutlass::arch::fence_view_async_shared();
   barrier_sync(BackwardBarrier::kEpilogue, Config::kMmaThreads);
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
+  const BackwardSmemTensors<Config> sm(smem);
   const int key_begin = n_block * kBlockN;
   if (p.cu_seqlens_q != nullptr) {
     // The sequence's offsets read again rather than kept in registers through the main loop.
@@ -54,14 +54,14 @@ CUTE_DEVICE void store_dkv(Params const& params, Storage& smem, AccK& acc_dk, Ac
       store_rows<kBlockN, Config::kHeadDim>(s, dst, stride.row, out_seq.seqlen_k - key_begin, p.head_dim, epilogue_tid,
                                             Config::kMmaThreads);
     };
-    store(sK, p.dk, p.dk_stride);
-    store(sV, p.dv, p.dv_stride);
+    store(sm.k, p.dk, p.dk_stride);
+    store(sm.v, p.dv, p.dv_stride);
   } else if (epilogue_tid == 0) {
     using TileKV = typename Config::TileKV;
     Tensor mdK = params.tma_dk.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
     Tensor mdV = params.tma_dv.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.heads_kv, p.batch));
-    auto [tdKgdK, tdKsdK] = tma_tile<TileKV>(params.tma_dk, mdK, sK, n_block, head_kv, batch, 0);
-    auto [tdVgdV, tdVsdV] = tma_tile<TileKV>(params.tma_dv, mdV, sV, n_block, head_kv, batch, 0);
+    auto [tdKgdK, tdKsdK] = tma_tile<TileKV>(params.tma_dk, mdK, sm.k, n_block, head_kv, batch, 0);
+    auto [tdVgdV, tdVsdV] = tma_tile<TileKV>(params.tma_dv, mdV, sm.v, n_block, head_kv, batch, 0);
     copy(params.tma_dk, tdKsdK, tdKgdK);
     copy(params.tma_dv, tdVsdV, tdVgdV);
     tma_store_arrive();

@@ -81,24 +81,16 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
   const int mma_tid = threadIdx.x - 128;
   const int wg = cutlass::canonical_warp_group_idx() - 1;  // consumer warpgroup 0 or 1 (warp-uniform)
 
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
-  Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
-  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdOt{});
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
-  Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKt{});
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
-  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdSt{});
-  Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdS{});
+  const BackwardSmemTensors<Config> sm(smem);
 
   // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ.
   typename Config::TiledMmaSdP mma_sdp;
   auto thr_sdp = mma_sdp.get_thread_slice(mma_tid);
   auto wg_sdp = warpgroup_slice(mma_sdp, /*first_warpgroup=*/1);  // for descriptors (wgmma.h)
-  Tensor tSrK = wg_sdp.partition_fragment_A(sK);      // descriptors (MMA, MMA_M, MMA_K)
-  Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);      // (MMA, MMA_N, MMA_K, stages)
-  Tensor tdPrV = wg_sdp.partition_fragment_A(sV);
-  Tensor tdPrdO = wg_sdp.partition_fragment_B(sdO);
+  Tensor tSrK = wg_sdp.partition_fragment_A(sm.k);      // descriptors (MMA, MMA_M, MMA_K)
+  Tensor tSrQ = wg_sdp.partition_fragment_B(sm.q);      // (MMA, MMA_N, MMA_K, stages)
+  Tensor tdPrV = wg_sdp.partition_fragment_A(sm.v);
+  Tensor tdPrdO = wg_sdp.partition_fragment_B(sm.dout);
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(typename Config::TileSt{}));  // (key, query)
   auto score_coords = rowcol_view(tScS);
   // A step's per-query values (lse, delta) at this thread's columns of Sᵀ.
@@ -116,17 +108,17 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
   // dV += Pᵀ dO and dK += dSᵀ Q.
   typename Config::TiledMmadKV mma_dkv;
   auto wg_dkv = warpgroup_slice(mma_dkv, 1);
-  Tensor tdVrdOt = wg_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stages)
-  Tensor tdKrQt = wg_dkv.partition_fragment_B(sQt);
+  Tensor tdVrdOt = wg_dkv.partition_fragment_B(sm.doutt);  // (MMA, MMA_N, MMA_K, stages)
+  Tensor tdKrQt = wg_dkv.partition_fragment_B(sm.qt);
   // dQ = dS K.
   typename Config::TiledMmadQ mma_dq;
   auto wg_dq = warpgroup_slice(mma_dq, 1);
-  Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);    // (MMA, MMA_M, MMA_K, 2 buffers)
-  Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);
+  Tensor tdQrdS = wg_dq.partition_fragment_A(sm.ds);    // (MMA, MMA_M, MMA_K, 2 buffers)
+  Tensor tdQrKt = wg_dq.partition_fragment_B(sm.kt);
   // dSᵀ: registers -> shared memory with stmatrix.
   auto copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto thr_copy_ds = copy_ds.get_thread_slice(mma_tid);
-  Tensor tdSsdS = thr_copy_ds.partition_D(sdSt);      // (CPY, CPY_M, CPY_N, 2 buffers)
+  Tensor tdSsdS = thr_copy_ds.partition_D(sm.dst);      // (CPY, CPY_M, CPY_N, 2 buffers)
 
   typename Pipeline::PipelineState q_state, do_state;  // run on from one key tile to the next
   int kv_tiles = 0;  // key tiles whose K and V this CTA has used
@@ -243,7 +235,7 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
     // Epilogue (bwd_epilogue.h): dK and dV through K's and V's buffers (stmatrix), once both
     // warpgroups' last dQ GEMMs have read K.
     auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
-    store_dkv<Config>(params, smem, acc_dk, acc_dv, copy_dkv, sK, sV, n_block, head_kv, batch);
+    store_dkv<Config>(params, smem, acc_dk, acc_dv, copy_dkv, sm.k, sm.v, n_block, head_kv, batch);
     ++kv_tiles;
   }
 }

@@ -19,6 +19,7 @@
 #include "common/bulk_reduce.h"
 #include "common/sequence.h"
 #include "fa/params.h"
+#include "sm90/bwd_config.h"
 #include "sm90/named_barriers.h"
 #include "sm90/tile_scheduler.h"
 
@@ -138,10 +139,7 @@ struct BackwardLoad {
     Tensor mdO = params.tma_do.get_tma_tensor(make_shape(ext.rows_q, p.head_dim, p.heads_q, ext.batches));
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
     Tensor mV = params.tma_v.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
-    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
+    const BackwardSmemTensors<Config> sm(smem);
 
     auto q_state = cutlass::make_producer_start_state<Pipeline>();
     auto do_state = cutlass::make_producer_start_state<PipelinedO>();
@@ -161,8 +159,8 @@ struct BackwardLoad {
         if (kv_tiles > 0) cutlass::arch::ClusterBarrier::wait(&smem.kv_empty, (kv_tiles - 1) % 2);
         if (leader) {
           using TileKV = typename Config::TileKV;
-          auto [tKgK, tKsK] = tma_tile<TileKV>(params.tma_k, mK, sK, n_block, head_kv, b, seq.k_begin);
-          auto [tVgV, tVsV] = tma_tile<TileKV>(params.tma_v, mV, sV, n_block, head_kv, b, seq.k_begin);
+          auto [tKgK, tKsK] = tma_tile<TileKV>(params.tma_k, mK, sm.k, n_block, head_kv, b, seq.k_begin);
+          auto [tVgV, tVsV] = tma_tile<TileKV>(params.tma_v, mV, sm.v, n_block, head_kv, b, seq.k_begin);
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Config::kKVBytes);
           copy(params.tma_k.with(smem.kv_full), tKgK, tKsK);
           copy(params.tma_v.with(smem.kv_full), tVgV, tVsV);
@@ -188,8 +186,8 @@ struct BackwardLoad {
       // K's and V's only after its epilogue. The next tile's index is handed over once K and V
       // are loaded (the consumers and the dQ writer read it at this tile's end).
       for (int t = 0; t < count; ++t) {
-        load(t, pipeline_q, q_state, params.tma_q, mQ, sQ, smem.lse_log2.data(), p.lse_log2);
-        load(t, pipeline_do, do_state, params.tma_do, mdO, sdO, smem.delta.data(), p.delta);
+        load(t, pipeline_q, q_state, params.tma_q, mQ, sm.q, smem.lse_log2.data(), p.lse_log2);
+        load(t, pipeline_do, do_state, params.tma_do, mdO, sm.dout, smem.delta.data(), p.delta);
         if (t == 0) load_kv();
       }
       if (has_keys && count == 0) load_kv();  // no step: the epilogue still stores zeros from K's and V's buffers

@@ -50,49 +50,40 @@ struct BackwardMmaSplit {
     const BackwardParams& p = params.attn;
     const int mma_tid = threadIdx.x - 128;
 
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
-    Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQt{});
-    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdO{});
-    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Config::SmemLayoutdOt{});
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
-    Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKt{});
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
-    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKt{});
-    // Pᵀ and dSᵀ (keys × queries, two buffers), and the same bytes seen as P and dS.
+    const BackwardSmemTensors<Config> sm(smem);
+    // Pᵀ (keys × queries, two buffers, as dSᵀ), and the same bytes seen as P.
     Tensor sPt = make_tensor(make_smem_ptr(smem.pt.data()), typename Config::SmemLayoutdSt{});
     Tensor sP = make_tensor(make_smem_ptr(smem.pt.data()), typename Config::SmemLayoutdS{});
-    Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdSt{});
-    Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Config::SmemLayoutdS{});
 
     // S = Q Kᵀ and dP = dO Vᵀ.
     typename Config::TiledMmaSdP mma_sdp;
     auto thr_sdp = mma_sdp.get_thread_slice(mma_tid);
     auto wg_sdp = warpgroup_slice(mma_sdp, /*first_warpgroup=*/1);
-    Tensor tSrQ = wg_sdp.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_K, stages)
-    Tensor tSrK = wg_sdp.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K)
-    Tensor tdPrdO = wg_sdp.partition_fragment_A(sdO);
-    Tensor tdPrV = wg_sdp.partition_fragment_B(sV);
+    Tensor tSrQ = wg_sdp.partition_fragment_A(sm.q);    // (MMA, MMA_M, MMA_K, stages)
+    Tensor tSrK = wg_sdp.partition_fragment_B(sm.k);    // (MMA, MMA_N, MMA_K)
+    Tensor tdPrdO = wg_sdp.partition_fragment_A(sm.dout);
+    Tensor tdPrV = wg_sdp.partition_fragment_B(sm.v);
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(typename Config::TileS{}));  // (query, key)
     auto score_coords = rowcol_view(tScS);
     constexpr int kRows = decltype(size<0>(score_coords))::value;  // query rows of this thread
     // dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS.
     typename Config::TiledMmadKV mma_dkv;
     auto wg_dkv = warpgroup_slice(mma_dkv, 1);
-    Tensor tdVrdOt = wg_dkv.partition_fragment_A(sdOt);  // (MMA, MMA_M, MMA_K, stages)
+    Tensor tdVrdOt = wg_dkv.partition_fragment_A(sm.doutt);  // (MMA, MMA_M, MMA_K, stages)
     Tensor tdVrPt = wg_dkv.partition_fragment_B(sPt);    // (MMA, MMA_N, MMA_K, 2 buffers)
-    Tensor tdKrQt = wg_dkv.partition_fragment_A(sQt);
-    Tensor tdKrdSt = wg_dkv.partition_fragment_B(sdSt);
+    Tensor tdKrQt = wg_dkv.partition_fragment_A(sm.qt);
+    Tensor tdKrdSt = wg_dkv.partition_fragment_B(sm.dst);
     // dQ = dS K, slice by slice of the head dim.
     typename Config::TiledMmadQ mma_dq;
     auto wg_dq = warpgroup_slice(mma_dq, 1);
-    Tensor tdQrdS = wg_dq.partition_fragment_A(sdS);     // (MMA, MMA_M, MMA_K, 2 buffers)
-    Tensor tdQrKt = wg_dq.partition_fragment_B(sKt);     // (MMA, kSlices, MMA_K)
+    Tensor tdQrdS = wg_dq.partition_fragment_A(sm.ds);     // (MMA, MMA_M, MMA_K, 2 buffers)
+    Tensor tdQrKt = wg_dq.partition_fragment_B(sm.kt);     // (MMA, kSlices, MMA_K)
     static_assert(decltype(size<1>(tdQrKt))::value == kSlices);
     // P and dS: registers -> shared memory, transposed (each 8 × 8 block by stmatrix .trans).
     auto copy_pds = make_tiled_copy_C(Copy_Atom<SM90_U16x4_STSM_T, Element>{}, mma_sdp);
     auto thr_copy_pds = copy_pds.get_thread_slice(mma_tid);
     Tensor tPsP = thr_copy_pds.partition_D(sP);          // (CPY, CPY_M, CPY_N, 2 buffers)
-    Tensor tdSsdS = thr_copy_pds.partition_D(sdS);
+    Tensor tdSsdS = thr_copy_pds.partition_D(sm.ds);
 
     typename Config::Pipeline::PipelineState q_state;   // run on from one key tile to the next
     typename Config::PipelinedO::PipelineState do_state;
@@ -196,7 +187,7 @@ struct BackwardMmaSplit {
 
       // dKᵀ and dVᵀ to K's and V's buffers through their transposed views (stmatrix .trans).
       auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_dkv);
-      store_dkv<Config>(params, smem, acc_dk, acc_dv, copy_dkv, sKt, sVt, n_block, head_kv, batch);
+      store_dkv<Config>(params, smem, acc_dk, acc_dv, copy_dkv, sm.kt, sm.vt, n_block, head_kv, batch);
       ++kv_tiles;
     }
   }
