@@ -5,9 +5,9 @@
 //   and dSᵀ (keys × queries: stmatrix .trans), buffer t % 2;
 //   after both warpgroups' (kdSFull), issues dVᵀ += dOᵀ P, dQ's first slice, dKᵀ += Qᵀ dS (its
 //   128 rows of the head dim, all 80 keys);
-//   once dV and the slice are done, releases dO (one buffer: the producer loads the next step's
-//   while the rest of this one runs) and adds the slice to the workspace from registers (16-byte
-//   reductions); then the next slice likewise; then releases Q.
+//   once dV is done, releases dO (one buffer: the producer loads the next step's while the rest
+//   of this one runs); once the slice is done, adds it to the workspace from registers (16-byte
+//   reductions); then the next slice likewise (behind dK); then releases Q.
 // Why this tile (80 keys rather than 64), and what it costs, in bwd_config.h and benchmarks/NOTES.md.
 #pragma once
 
