@@ -32,7 +32,7 @@
 // done, release Q and dO.
 //
 // Above head dim 128 (Config::kSplitHeadDim, 80 keys a CTA) the consumers run another step:
-// BackwardMmaSplit (sm90/bwd_mma_split.h).
+// backward_mma_split (sm90/bwd_mma_split.h).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -120,7 +120,8 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
   auto thr_copy_ds = copy_ds.get_thread_slice(mma_tid);
   Tensor tdSsdS = thr_copy_ds.partition_D(sm.dst);      // (CPY, CPY_M, CPY_N, 2 buffers)
 
-  typename Pipeline::PipelineState q_state, do_state;  // run on from one key tile to the next
+  typename Pipeline::PipelineState q_state;  // run on from one key tile to the next
+  typename Config::PipelinedO::PipelineState do_state;
   int kv_tiles = 0;  // key tiles whose K and V this CTA has used
   for (int tile_index = blockIdx.x; tile_index < params.order.size(); tile_index = handoff.receive()) {
     const auto tile = params.order.tile(tile_index);
@@ -279,7 +280,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
   if constexpr (Config::kSplitHeadDim) {
-    BackwardMmaSplit<Config, kCausal>::run(params, smem, pipeline_q, pipeline_do, handoff);
+    backward_mma_split<Config, kCausal>(params, smem, pipeline_q, pipeline_do, handoff);
   } else {
     backward_mma_keys<Config, kCausal>(params, smem, pipeline_q, pipeline_do, handoff);
   }

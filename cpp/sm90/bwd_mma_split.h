@@ -35,162 +35,158 @@ CUTE_DEVICE auto n_slice(Tensor&& t, int s) {
   return logical_divide(t, Shape<Underscore, Int<kSlices>>{})(_, make_coord(s, _), _);
 }
 
-template <class Config, bool kCausal>
-struct BackwardMmaSplit {
+template <class Config, bool kCausal, class Params, class Storage, class Handoff>
+CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typename Config::Pipeline& pipeline_q,
+                                    typename Config::PipelinedO& pipeline_do, Handoff const& handoff) {
   static_assert(Config::kSplitHeadDim && Config::kdQFromRegisters);
+  using namespace cute;
+  using Element = typename Config::Element;
+  constexpr int kBlockM = Config::kBlockM;
+  constexpr int kBlockN = Config::kBlockN;
+  constexpr int kSlices = Config::kdQSlices;
+  const BackwardParams& p = params.attn;
+  const int mma_tid = threadIdx.x - 128;
 
-  template <class Params, class Storage, class Handoff>
-  CUTE_DEVICE static void run(Params const& params, Storage& smem, typename Config::Pipeline& pipeline_q,
-                              typename Config::PipelinedO& pipeline_do, Handoff const& handoff) {
-    using namespace cute;
-    using Element = typename Config::Element;
-    constexpr int kBlockM = Config::kBlockM;
-    constexpr int kBlockN = Config::kBlockN;
-    constexpr int kSlices = Config::kdQSlices;
-    const BackwardParams& p = params.attn;
-    const int mma_tid = threadIdx.x - 128;
+  const BackwardSmemTensors<Config> sm(smem);
+  // Pᵀ (keys × queries, two buffers, as dSᵀ), and the same bytes seen as P.
+  Tensor sPt = make_tensor(make_smem_ptr(smem.pt.data()), typename Config::SmemLayoutdSt{});
+  Tensor sP = make_tensor(make_smem_ptr(smem.pt.data()), typename Config::SmemLayoutdS{});
 
-    const BackwardSmemTensors<Config> sm(smem);
-    // Pᵀ (keys × queries, two buffers, as dSᵀ), and the same bytes seen as P.
-    Tensor sPt = make_tensor(make_smem_ptr(smem.pt.data()), typename Config::SmemLayoutdSt{});
-    Tensor sP = make_tensor(make_smem_ptr(smem.pt.data()), typename Config::SmemLayoutdS{});
+  // S = Q Kᵀ and dP = dO Vᵀ.
+  typename Config::TiledMmaSdP mma_sdp;
+  auto thr_sdp = mma_sdp.get_thread_slice(mma_tid);
+  auto wg_sdp = warpgroup_slice(mma_sdp, /*first_warpgroup=*/1);
+  Tensor tSrQ = wg_sdp.partition_fragment_A(sm.q);    // (MMA, MMA_M, MMA_K, stages)
+  Tensor tSrK = wg_sdp.partition_fragment_B(sm.k);    // (MMA, MMA_N, MMA_K)
+  Tensor tdPrdO = wg_sdp.partition_fragment_A(sm.dout);
+  Tensor tdPrV = wg_sdp.partition_fragment_B(sm.v);
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(typename Config::TileS{}));  // (query, key)
+  auto score_coords = rowcol_view(tScS);
+  constexpr int kRows = decltype(size<0>(score_coords))::value;  // query rows of this thread
+  // dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS.
+  typename Config::TiledMmadKV mma_dkv;
+  auto wg_dkv = warpgroup_slice(mma_dkv, 1);
+  Tensor tdVrdOt = wg_dkv.partition_fragment_A(sm.doutt);  // (MMA, MMA_M, MMA_K, stages)
+  Tensor tdVrPt = wg_dkv.partition_fragment_B(sPt);    // (MMA, MMA_N, MMA_K, 2 buffers)
+  Tensor tdKrQt = wg_dkv.partition_fragment_A(sm.qt);
+  Tensor tdKrdSt = wg_dkv.partition_fragment_B(sm.dst);
+  // dQ = dS K, slice by slice of the head dim.
+  typename Config::TiledMmadQ mma_dq;
+  auto wg_dq = warpgroup_slice(mma_dq, 1);
+  Tensor tdQrdS = wg_dq.partition_fragment_A(sm.ds);     // (MMA, MMA_M, MMA_K, 2 buffers)
+  Tensor tdQrKt = wg_dq.partition_fragment_B(sm.kt);     // (MMA, kSlices, MMA_K)
+  static_assert(decltype(size<1>(tdQrKt))::value == kSlices);
+  // P and dS: registers -> shared memory, transposed (each 8 × 8 block by stmatrix .trans).
+  auto copy_pds = make_tiled_copy_C(Copy_Atom<SM90_U16x4_STSM_T, Element>{}, mma_sdp);
+  auto thr_copy_pds = copy_pds.get_thread_slice(mma_tid);
+  Tensor tPsP = thr_copy_pds.partition_D(sP);          // (CPY, CPY_M, CPY_N, 2 buffers)
+  Tensor tdSsdS = thr_copy_pds.partition_D(sm.ds);
 
-    // S = Q Kᵀ and dP = dO Vᵀ.
-    typename Config::TiledMmaSdP mma_sdp;
-    auto thr_sdp = mma_sdp.get_thread_slice(mma_tid);
-    auto wg_sdp = warpgroup_slice(mma_sdp, /*first_warpgroup=*/1);
-    Tensor tSrQ = wg_sdp.partition_fragment_A(sm.q);    // (MMA, MMA_M, MMA_K, stages)
-    Tensor tSrK = wg_sdp.partition_fragment_B(sm.k);    // (MMA, MMA_N, MMA_K)
-    Tensor tdPrdO = wg_sdp.partition_fragment_A(sm.dout);
-    Tensor tdPrV = wg_sdp.partition_fragment_B(sm.v);
-    Tensor tScS = thr_sdp.partition_C(make_identity_tensor(typename Config::TileS{}));  // (query, key)
-    auto score_coords = rowcol_view(tScS);
-    constexpr int kRows = decltype(size<0>(score_coords))::value;  // query rows of this thread
-    // dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS.
-    typename Config::TiledMmadKV mma_dkv;
-    auto wg_dkv = warpgroup_slice(mma_dkv, 1);
-    Tensor tdVrdOt = wg_dkv.partition_fragment_A(sm.doutt);  // (MMA, MMA_M, MMA_K, stages)
-    Tensor tdVrPt = wg_dkv.partition_fragment_B(sPt);    // (MMA, MMA_N, MMA_K, 2 buffers)
-    Tensor tdKrQt = wg_dkv.partition_fragment_A(sm.qt);
-    Tensor tdKrdSt = wg_dkv.partition_fragment_B(sm.dst);
-    // dQ = dS K, slice by slice of the head dim.
-    typename Config::TiledMmadQ mma_dq;
-    auto wg_dq = warpgroup_slice(mma_dq, 1);
-    Tensor tdQrdS = wg_dq.partition_fragment_A(sm.ds);     // (MMA, MMA_M, MMA_K, 2 buffers)
-    Tensor tdQrKt = wg_dq.partition_fragment_B(sm.kt);     // (MMA, kSlices, MMA_K)
-    static_assert(decltype(size<1>(tdQrKt))::value == kSlices);
-    // P and dS: registers -> shared memory, transposed (each 8 × 8 block by stmatrix .trans).
-    auto copy_pds = make_tiled_copy_C(Copy_Atom<SM90_U16x4_STSM_T, Element>{}, mma_sdp);
-    auto thr_copy_pds = copy_pds.get_thread_slice(mma_tid);
-    Tensor tPsP = thr_copy_pds.partition_D(sP);          // (CPY, CPY_M, CPY_N, 2 buffers)
-    Tensor tdSsdS = thr_copy_pds.partition_D(sm.ds);
+  typename Config::Pipeline::PipelineState q_state;   // run on from one key tile to the next
+  typename Config::PipelinedO::PipelineState do_state;
+  int kv_tiles = 0;  // key tiles whose K and V this CTA has used
+  for (int tile_index = blockIdx.x; tile_index < params.order.size(); tile_index = handoff.receive()) {
+    const auto tile = params.order.tile(tile_index);
+    const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
+    const Sequence seq = Sequence::of(p, batch);
+    if (n_block * kBlockN >= seq.seqlen_k) continue;  // varlen: past this sequence's keys
+    const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv);
+    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+    const int key_begin = n_block * kBlockN;
+    Tensor acc_dk = partition_fragment_C(mma_dkv, typename Config::TileKVt{});  // head dim × keys
+    Tensor acc_dv = partition_fragment_C(mma_dkv, typename Config::TileKVt{});
+    clear(acc_dk);
+    clear(acc_dv);
+    // Waited for even with no step: the epilogue reuses K's and V's buffers.
+    cutlass::arch::ClusterBarrier::wait(&smem.kv_full, kv_tiles % 2);
 
-    typename Config::Pipeline::PipelineState q_state;   // run on from one key tile to the next
-    typename Config::PipelinedO::PipelineState do_state;
-    int kv_tiles = 0;  // key tiles whose K and V this CTA has used
-    for (int tile_index = blockIdx.x; tile_index < params.order.size(); tile_index = handoff.receive()) {
-      const auto tile = params.order.tile(tile_index);
-      const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
-      const Sequence seq = Sequence::of(p, batch);
-      if (n_block * kBlockN >= seq.seqlen_k) continue;  // varlen: past this sequence's keys
-      const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv);
-      const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
-      const int key_begin = n_block * kBlockN;
-      Tensor acc_dk = partition_fragment_C(mma_dkv, typename Config::TileKVt{});  // head dim × keys
-      Tensor acc_dv = partition_fragment_C(mma_dkv, typename Config::TileKVt{});
-      clear(acc_dk);
-      clear(acc_dv);
-      // Waited for even with no step: the epilogue reuses K's and V's buffers.
-      cutlass::arch::ClusterBarrier::wait(&smem.kv_full, kv_tiles % 2);
+    for (int t = 0; t < steps.count; ++t) {
+      const int row_begin = steps.m_block(t) * kBlockM;
+      const int q_stage = q_state.index(), do_stage = do_state.index();
+      const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
+      const float* delta = smem.delta.data() + do_stage * kBlockM;
+      Tensor acc_s = partition_fragment_C(mma_sdp, typename Config::TileS{});
+      Tensor acc_dp = partition_fragment_C(mma_sdp, typename Config::TileS{});
+      float row_lse[kRows], row_delta[kRows];
+      pipeline_q.consumer_wait(q_state);
+      gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tSrQ(_, _, _, q_stage), tSrK, acc_s);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) row_lse[r] = lse_log2[get<0>(score_coords(r, 0))];
+      pipeline_do.consumer_wait(do_state);
+      gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tdPrdO(_, _, _, do_stage), tdPrV, acc_dp);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) row_delta[r] = delta[get<0>(score_coords(r, 0))];
 
-      for (int t = 0; t < steps.count; ++t) {
-        const int row_begin = steps.m_block(t) * kBlockM;
-        const int q_stage = q_state.index(), do_stage = do_state.index();
-        const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
-        const float* delta = smem.delta.data() + do_stage * kBlockM;
-        Tensor acc_s = partition_fragment_C(mma_sdp, typename Config::TileS{});
-        Tensor acc_dp = partition_fragment_C(mma_sdp, typename Config::TileS{});
-        float row_lse[kRows], row_delta[kRows];
-        pipeline_q.consumer_wait(q_state);
-        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tSrQ(_, _, _, q_stage), tSrK, acc_s);
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) row_lse[r] = lse_log2[get<0>(score_coords(r, 0))];
-        pipeline_do.consumer_wait(do_state);
-        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tdPrdO(_, _, _, do_stage), tdPrV, acc_dp);
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) row_delta[r] = delta[get<0>(score_coords(r, 0))];
-
-        // P = exp2(S·scale·log2e - lse·log2e) (lse·log2e is +inf for rows that see no key or lie
-        // past seqlen_q: P = 0); masked: keys past seqlen_k and, causal, after a row's diagonal.
-        gemm_wait<1>(acc_s);
-        auto probs = rowcol_view(acc_s);
-        if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) {
-          mask.apply_rows(probs, score_coords, row_begin, key_begin);
-        }
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(probs); ++r) {
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(probs); ++c) probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - row_lse[r]);
-        }
-        Tensor rP = convert_fragment<Element>(acc_s);
-        // dS = P ∘ (dP - delta).
-        gemm_wait<0>(acc_dp);
-        auto dscores = rowcol_view(acc_dp);
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(dscores); ++r) {
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(dscores); ++c) dscores(r, c) = probs(r, c) * (dscores(r, c) - row_delta[r]);
-        }
-        Tensor rdS = convert_fragment<Element>(acc_dp);
-
-        // P and dS to buffer t % 2 (its previous readers, step t - 2's GEMMs, finished before both
-        // warpgroups passed step t - 1's kdSFull); every key's is needed by the GEMMs below.
-        const int buffer = t % 2;
-        copy(copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, buffer));
-        copy(copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS(_, _, _, buffer));
-        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
-        barrier_sync(BackwardBarrier::kdSFull, Config::kMmaThreads);
-
-        float* dq_tile = p.dq_accum + steps.workspace_row(p, seq, batch, t) * Config::kHeadDim;
-        // dQ's slice s added to the workspace tile in the layout of Config::dq_staging_offset (the
-        // slices are the N repeats of the whole tile's accumulator, which the post-pass reads).
-        auto add_dq = [&](int s, auto const& acc_dq) {
-          CUTE_UNROLL
-          for (int i = 0; i < size(acc_dq); i += 4) {
-            atomicAdd(reinterpret_cast<float4*>(dq_tile + Config::dq_staging_offset(mma_tid, s * size(acc_dq) + i)),
-                      make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3)));
-          }
-        };
-        Tensor tdQrdS_buffer = tdQrdS(_, _, _, buffer);
-        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdVrdOt(_, _, _, do_stage),
-                                                               tdVrPt(_, _, _, buffer), acc_dv);
-        Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQSlice{});
-        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, 0), acc_dq);
-        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrQt(_, _, _, q_stage),
-                                                               tdKrdSt(_, _, _, buffer), acc_dk);
-        gemm_wait<2>(acc_dv);  // dV done: dO's buffer is free for the next step's
-        pipeline_do.consumer_release(do_state);
-        ++do_state;
-        gemm_wait<1>(acc_dq);  // dQ's first slice done
-        add_dq(0, acc_dq);
-        CUTE_UNROLL
-        for (int s = 1; s < kSlices; ++s) {
-          Tensor acc_dq_s = partition_fragment_C(mma_dq, typename Config::TileQSlice{});
-          gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, s), acc_dq_s);
-          gemm_wait<0>(acc_dq_s);
-          add_dq(s, acc_dq_s);
-        }
-        warpgroup_fence_operand(acc_dk);
-        pipeline_q.consumer_release(q_state);
-        ++q_state;
+      // P = exp2(S·scale·log2e - lse·log2e) (lse·log2e is +inf for rows that see no key or lie
+      // past seqlen_q: P = 0); masked: keys past seqlen_k and, causal, after a row's diagonal.
+      gemm_wait<1>(acc_s);
+      auto probs = rowcol_view(acc_s);
+      if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) {
+        mask.apply_rows(probs, score_coords, row_begin, key_begin);
       }
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(probs); ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(probs); ++c) probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - row_lse[r]);
+      }
+      Tensor rP = convert_fragment<Element>(acc_s);
+      // dS = P ∘ (dP - delta).
+      gemm_wait<0>(acc_dp);
+      auto dscores = rowcol_view(acc_dp);
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(dscores); ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(dscores); ++c) dscores(r, c) = probs(r, c) * (dscores(r, c) - row_delta[r]);
+      }
+      Tensor rdS = convert_fragment<Element>(acc_dp);
 
-      // dKᵀ and dVᵀ to K's and V's buffers through their transposed views (stmatrix .trans).
-      auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_dkv);
-      store_dkv<Config>(params, smem, acc_dk, acc_dv, copy_dkv, sm.kt, sm.vt, n_block, head_kv, batch);
-      ++kv_tiles;
+      // P and dS to buffer t % 2 (its previous readers, step t - 2's GEMMs, finished before both
+      // warpgroups passed step t - 1's kdSFull); every key's is needed by the GEMMs below.
+      const int buffer = t % 2;
+      copy(copy_pds, thr_copy_pds.retile_S(rP), tPsP(_, _, _, buffer));
+      copy(copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS(_, _, _, buffer));
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
+      barrier_sync(BackwardBarrier::kdSFull, Config::kMmaThreads);
+
+      float* dq_tile = p.dq_accum + steps.workspace_row(p, seq, batch, t) * Config::kHeadDim;
+      // dQ's slice s added to the workspace tile in the layout of Config::dq_staging_offset (the
+      // slices are the N repeats of the whole tile's accumulator, which the post-pass reads).
+      auto add_dq = [&](int s, auto const& acc_dq) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 4) {
+          atomicAdd(reinterpret_cast<float4*>(dq_tile + Config::dq_staging_offset(mma_tid, s * size(acc_dq) + i)),
+                    make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3)));
+        }
+      };
+      Tensor tdQrdS_buffer = tdQrdS(_, _, _, buffer);
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdVrdOt(_, _, _, do_stage),
+                                                             tdVrPt(_, _, _, buffer), acc_dv);
+      Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQSlice{});
+      gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, 0), acc_dq);
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrQt(_, _, _, q_stage),
+                                                             tdKrdSt(_, _, _, buffer), acc_dk);
+      gemm_wait<2>(acc_dv);  // dV done: dO's buffer is free for the next step's
+      pipeline_do.consumer_release(do_state);
+      ++do_state;
+      gemm_wait<1>(acc_dq);  // dQ's first slice done
+      add_dq(0, acc_dq);
+      CUTE_UNROLL
+      for (int s = 1; s < kSlices; ++s) {
+        Tensor acc_dq_s = partition_fragment_C(mma_dq, typename Config::TileQSlice{});
+        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, s), acc_dq_s);
+        gemm_wait<0>(acc_dq_s);
+        add_dq(s, acc_dq_s);
+      }
+      warpgroup_fence_operand(acc_dk);
+      pipeline_q.consumer_release(q_state);
+      ++q_state;
     }
+
+    // dKᵀ and dVᵀ to K's and V's buffers through their transposed views (stmatrix .trans).
+    auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_dkv);
+    store_dkv<Config>(params, smem, acc_dk, acc_dv, copy_dkv, sm.kt, sm.vt, n_block, head_kv, batch);
+    ++kv_tiles;
   }
-};
+}
 
 }  // namespace fa::sm90
