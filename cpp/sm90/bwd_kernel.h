@@ -155,8 +155,9 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       barrier_arrive(BackwardBarrier::kdQFull, kWriterThreads, wg);
     };
 
-    for (int t = 0; t < steps.count; ++t) {
-      const int row_begin = steps.m_block(t) * kBlockM;
+    for (auto step = steps.first(); step.t < steps.count; steps.advance(step)) {
+      const int t = step.t;
+      const int row_begin = step.m_block * kBlockM;
       const int q_stage = q_state.index(), do_stage = do_state.index();
 
       Tensor acc_s = partition_fragment_C(mma_sdp, typename Config::TileSt{});
