@@ -212,12 +212,14 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       // before both warpgroups passed step t - 1's kdSFull), then dQ = dS K over all keys.
       const int ds_buffer = t % 2;
       copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
-      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
       // dV += Pᵀ dO is issued only now, after dSᵀ's store (FA3's order): issued as soon as Pᵀ was
       // converted, it ran beside the dS math, but the dSᵀ store and so the kdSFull barrier came
       // later; measured 4.6-5.9% faster at D = 64 this way, level at D = 128 (benchmarks/NOTES.md).
+      // Issued before the fence that makes dSᵀ visible to the other warpgroup's dQ GEMM (dV reads
+      // none of it), so that the tensor cores start on it while the fence drains.
       Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
       gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
+      cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
       barrier_sync(BackwardBarrier::kdSFull, Config::kMmaThreads);
       Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQ{});
       Tensor tdQrdS_buffer = tdQrdS(_, _, _, ds_buffer);
@@ -226,10 +228,10 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_a_operand(acc_dp.layout()));
       gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdKrdS, tdKrQt(_, _, _, q_stage), acc_dk);
       gemm_wait<1>(acc_dq);  // dV and dQ done
+      pipeline_do.consumer_release(do_state);  // dV was dO's last reader: its next load may start
       add_dq(t, acc_dq);
       gemm_wait<0>(acc_dk);
       pipeline_q.consumer_release(q_state);
-      pipeline_do.consumer_release(do_state);
       ++q_state;
       ++do_state;
     }
