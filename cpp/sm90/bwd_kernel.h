@@ -26,10 +26,10 @@
 //   warpgroups 1, 2       consumers: 64 keys each for Sᵀ, dPᵀ, dV, dK; half of dQ's columns each.
 //                         240 registers a thread.
 // A step of a consumer warpgroup: issue Sᵀ and dPᵀ; Pᵀ once Sᵀ is done; dSᵀ once dPᵀ is done;
-// write dSᵀ to shared memory (double-buffered); issue dV += Pᵀ dO; wait for the other warpgroup's
-// half (kdSFull); issue dQ = dS K and dK += dSᵀ Q; once dQ is done, stage it in shared memory for
-// the dQ writer (whose bulk reduction runs on while dK and the next steps compute); once dK is
-// done, release Q and dO.
+// write dSᵀ to shared memory (double-buffered); issue dV += Pᵀ dO, then fence dSᵀ's stores; wait
+// for the other warpgroup's half (kdSFull); issue dQ = dS K and dK += dSᵀ Q; once dV and dQ are
+// done, release dO and stage dQ in shared memory for the dQ writer (whose bulk reduction runs on
+// while dK and the next steps compute); once dK is done, release Q.
 //
 // Above head dim 128 (Config::kSplitHeadDim, 80 keys a CTA) the consumers run another step:
 // backward_mma_split (sm90/bwd_mma_split.h).
