@@ -9,6 +9,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/transposed_layout.h"
+#include "sm90/named_barriers.h"
 
 namespace fa::sm90 {
 
@@ -88,16 +89,22 @@ struct ForwardConfig {
   // output is written); otherwise it reuses Q's, which is free once the last S = Q Kᵀ is done.
   static constexpr bool kOutputAliasesQ =
       2 * kQBytes + 2 * kStages * kKVTileBytes + 1024 > kMaxSmemBytes;
+  // Q's buffers: two where a second one fits beside the output tile (the next tile's Q then loads
+  // while this tile runs, and the producer goes on to the next tile's K and V at once; with one,
+  // both wait until this tile's last S = Q Kᵀ is done), else one.
+  static constexpr int kQStages =
+      !kOutputAliasesQ && 3 * kQBytes + 2 * kStages * kKVTileBytes + 1024 <= kMaxSmemBytes ? 2 : 1;
 
   struct Empty {};
   struct SharedStorage {
-    cute::array_aligned<Element, kQElems, 1024> q;
+    cute::array_aligned<Element, kQElems * kQStages, 1024> q;
     cute::array_aligned<Element, kKVElems, 1024> k;
     cute::array_aligned<Element, kKVElems, 1024> v;
     std::conditional_t<kOutputAliasesQ, Empty, cute::array_aligned<Element, kQElems, 1024>> o;
     typename KVPipeline::SharedStorage pipeline_k;
     typename KVPipeline::SharedStorage pipeline_v;
-    uint64_t q_full;  // transaction barrier of the Q tile
+    uint64_t q_full[kQStages];   // transaction barrier of each Q buffer
+    uint64_t q_empty[kQStages];  // with two Q buffers: every consumer thread is done with it
     int next_tile;    // dynamic scheduling: the producer's hand-over of the next tile index
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
@@ -108,6 +115,29 @@ struct ForwardConfig {
   template <class Mask>
   CUTE_DEVICE static int key_tiles(const Mask& mask, int seqlen_q, int m_block) {
     return mask.visible_tiles(cute::min((m_block + 1) * kBlockM, seqlen_q), kBlockN);
+  }
+
+  CUTE_DEVICE static Element* query_buffer(SharedStorage& s, int stage) {
+    return s.q.data() + stage * kQElems;
+  }
+
+  // Producer: before the Q tile of the load-th loaded work tile (0, 1, …) goes into its buffer
+  // (load % kQStages), wait until the consumers are done with the tile that used it before.
+  CUTE_DEVICE static void acquire_query(SharedStorage& s, int load) {
+    if (load < kQStages) return;
+    if constexpr (kQStages == 1) {
+      barrier_sync(ForwardBarrier::kQueryEmpty, kMmaThreads + 32);
+    } else {
+      cutlass::arch::ClusterBarrier::wait(&s.q_empty[load % kQStages], (load / kQStages - 1) & 1);
+    }
+  }
+  // Consumers: done with Q's buffer `stage` (every S = Q Kᵀ reading it has completed).
+  CUTE_DEVICE static void release_query(SharedStorage& s, int stage) {
+    if constexpr (kQStages == 1) {
+      barrier_arrive(ForwardBarrier::kQueryEmpty, kMmaThreads + 32);
+    } else {
+      cutlass::arch::ClusterBarrier::arrive(&s.q_empty[stage]);
+    }
   }
 
   CUTE_DEVICE static Element* output_buffer(SharedStorage& s) {

@@ -95,9 +95,7 @@ struct ForwardEpilogue {
       tma_store_arrive();
       if constexpr (Config::kOutputAliasesQ) tma_store_wait<0>();
     }
-    if constexpr (Config::kOutputAliasesQ) {
-      barrier_arrive(ForwardBarrier::kQueryEmpty, Config::kMmaThreads + 32);
-    }
+    if constexpr (Config::kOutputAliasesQ) Config::release_query(smem, 0);  // one Q buffer
   }
 
   // A tile none of whose rows sees a key (causal with seqlen_q > seqlen_k): output 0, lse -inf,

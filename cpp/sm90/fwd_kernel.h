@@ -16,10 +16,11 @@
 // The grid is persistent: about one CTA per SM, each walking its share of the work tiles in the
 // scheduler's order (tile_scheduler.h: longest first for causal, heads grouped so K and V stay in
 // L2; causal tiles handed out one at a time from a global counter). Synchronisation: q_full (TMA
-// transaction barrier) hands Q to the consumers; the K and V pipelines' full/empty barriers hand
-// each buffer back and forth; kQueryEmpty tells the producer that Q's buffer is free for the next
-// tile; named barriers order the ping-pong, the epilogue and the hand-over of the next tile's
-// index (named_barriers.h).
+// transaction barriers, one per Q buffer) hands Q to the consumers; the K and V pipelines'
+// full/empty barriers hand each buffer back and forth; q_empty (two Q buffers) or the kQueryEmpty
+// named barrier (one) tells the producer that a Q buffer is free again (ForwardConfig::kQStages);
+// named barriers order the ping-pong, the epilogue and the hand-over of the next tile's index
+// (named_barriers.h).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -64,7 +65,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int warpgroup = cutlass::canonical_warp_group_idx();
 
   if (warp == 0 && elect_one_sync()) {
-    cutlass::arch::ClusterTransactionBarrier::init(&smem.q_full, 1);
+    for (int stage = 0; stage < Config::kQStages; ++stage) {
+      cutlass::arch::ClusterTransactionBarrier::init(&smem.q_full[stage], 1);
+      cutlass::arch::ClusterBarrier::init(&smem.q_empty[stage], Config::kMmaThreads);
+    }
   }
   const auto pipeline_params = tma_pipeline_params<KVPipeline>(Config::kKVTileBytes, Config::kMmaThreads);
   KVPipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
@@ -102,10 +106,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       Epilogue::template store_empty<kRows>(p, seq, mma_tid, w);
       continue;
     }
-    cutlass::arch::ClusterBarrier::wait(&smem.q_full, q_loads++ & 1);
+    const int q_stage = q_loads % Config::kQStages;
+    cutlass::arch::ClusterBarrier::wait(&smem.q_full[q_stage], (q_loads++ / Config::kQStages) & 1);
     OnlineSoftmax<kRows> softmax;
-    Mainloop::run(p, smem, pipeline_k, pipeline_v, k_state, v_state, turns, mma_tid, w, mask, n_blocks,
-                  acc_o, softmax);
+    Mainloop::run(p, smem, q_stage, pipeline_k, pipeline_v, k_state, v_state, turns, mma_tid, w, mask,
+                  n_blocks, acc_o, softmax);
     float row_lse[kRows];
     auto out_rows = rowcol_view(acc_o);
     softmax.finalize(out_rows, p.scale, row_lse);

@@ -1,13 +1,14 @@
 // The producer of the Hopper-family forward: one warp that loads Q, K and V with TMA.
 //
-// For each work tile of this CTA (tile_scheduler.h) it loads the Q tile once, into a buffer guarded
-// by the transaction barrier q_full, and streams the K and V tiles the query tile can see through
-// two pipelines (kStages buffers each, PipelineTmaAsync: a full barrier the TMA completes with its
+// For each work tile of this CTA (tile_scheduler.h) it loads the Q tile once, into one of
+// Config::kQStages buffers guarded by a transaction barrier (q_full), and streams the K and V
+// tiles the query tile can see through two pipelines (kStages buffers each, PipelineTmaAsync: a full barrier the TMA completes with its
 // byte count, an empty barrier every consumer thread arrives at when done with the buffer). Key
 // tiles go from the last to the first, in the order the consumers use them: K[n] first, then
 // K[n-1] before V[n], since the consumers start the next S = Q Kᵀ before this tile's O += P V.
-// Before the next tile's Q, the warp waits at the kQueryEmpty barrier for the consumers to be done
-// with the previous one.
+// Before a tile's Q, the warp waits for the consumers to be done with the tile that used its buffer
+// before (Config::acquire_query: with one buffer, the previous tile, at the kQueryEmpty barrier;
+// with two, the tile before it, at its q_empty mbarrier, long done by then).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -43,7 +44,6 @@ struct ForwardLoad {
       const WorkTile w = TileScheduler::tile(params.scheduler, t);
       return w.m_block * Config::kBlockM >= Sequence::of(p, w.batch).seqlen_q;
     };
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
 
@@ -94,6 +94,8 @@ struct ForwardLoad {
       Tensor gK = local_tile(k_rows(mK, w.head / group), typename Config::TileKV{},
                              make_coord(_, _0{}));  // (kBlockN, D, key tiles)
       Tensor gV = local_tile(k_rows(mV, w.head / group), typename Config::TileKV{}, make_coord(_, _0{}));
+      const int q_stage = q_loads % Config::kQStages;
+      Tensor sQ = make_tensor(make_smem_ptr(Config::query_buffer(smem, q_stage)), typename Config::SmemLayoutQ{});
       auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                         group_modes<0, 2>(gQ));
       auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
@@ -101,10 +103,10 @@ struct ForwardLoad {
       auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                         group_modes<0, 2>(gV));
 
-      if (q_loads++ > 0) barrier_sync(ForwardBarrier::kQueryEmpty, Config::kMmaThreads + 32);
+      Config::acquire_query(smem, q_loads++);
       if (leader) {
-        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.q_full, Config::kQBytes);
-        copy(params.tma_q.with(smem.q_full), tQgQ, tQsQ);
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.q_full[q_stage], Config::kQBytes);
+        copy(params.tma_q.with(smem.q_full[q_stage]), tQgQ, tQsQ);
       }
       int n = n_blocks - 1;
       load_kv(pipeline_k, k_state, params.tma_k, tKgK(_, n), tKsK);

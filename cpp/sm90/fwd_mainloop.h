@@ -33,15 +33,15 @@ struct ForwardMainloop {
   static constexpr int kBlockN = Config::kBlockN;
 
   // Runs the key tiles [0, n_blocks) of work tile w into acc_o (cleared here) and softmax (fresh).
-  // Q must be in shared memory (the caller waited on q_full).
+  // Q must be in shared memory, in buffer q_stage (the caller waited on its q_full).
   template <class Storage, class AccO, class Softmax>
-  CUTE_DEVICE static void run(const ForwardParams& p, Storage& smem, KVPipeline& pipeline_k,
+  CUTE_DEVICE static void run(const ForwardParams& p, Storage& smem, int q_stage, KVPipeline& pipeline_k,
                               KVPipeline& pipeline_v, PipelineState& k_state, PipelineState& v_state,
                               WarpgroupTurns<Config::kMmaWarpgroups> const& turns, int mma_tid,
                               const WorkTile& w, const AttentionMask<kCausal>& mask, int n_blocks,
                               AccO& acc_o, Softmax& softmax) {
     using namespace cute;
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQ{});
+    Tensor sQ = make_tensor(make_smem_ptr(Config::query_buffer(smem, q_stage)), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutVt{});
 
@@ -150,11 +150,9 @@ struct ForwardMainloop {
     };
     for (--n; n >= first_masked; --n) step(n, cute::true_type{});
     for (; n >= 0; --n) step(n, cute::false_type{});
-    // Every S = Q Kᵀ of this tile is done: Q's buffer may take the next tile (unless the output
+    // Every S = Q Kᵀ of this tile is done: Q's buffer may take another tile (unless the output
     // tile is staged in it).
-    if constexpr (!Config::kOutputAliasesQ) {
-      barrier_arrive(ForwardBarrier::kQueryEmpty, Config::kMmaThreads + 32);
-    }
+    if constexpr (!Config::kOutputAliasesQ) Config::release_query(smem, q_stage);
     o_gemm();
     gemm_wait<0>(acc_o);
     release(pipeline_v, v_state);
