@@ -15,7 +15,7 @@
 #include "fa/kernels.h"
 #include "sm90/bwd_config.h"
 #include "sm90/bwd_kernel.h"
-#include "sm90/fwd_launch.h"  // tma_view
+#include "sm90/fwd_launch.h"  // tma_view, current_device_sms
 #include "sm90/row_store.h"
 
 namespace fa::sm90 {
@@ -133,9 +133,8 @@ cudaError_t launch_backward(const BackwardParams& p, cudaStream_t stream) {
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
   // Persistent: about one CTA per SM, each taking key tiles of the order until none is left.
-  int device = 0, sms = 0;
-  err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int sms = 0;
+  err = current_device_sms(sms);
   if (err != cudaSuccess) return err;
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(order.size(), sms));
   kernel<<<dim3(unsigned(grid)), Config::kThreads, kSmem, stream>>>(params);

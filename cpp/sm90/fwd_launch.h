@@ -78,6 +78,15 @@ auto tma_view(Pointer ptr, Strides s, int seqlen, int head_dim, int heads, int b
                                  usable(s.batch, batch)));
 }
 
+// The current device's SM count: the persistent kernels (forward and backward) launch about one
+// CTA per SM.
+inline cudaError_t current_device_sms(int& sms) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return err;
+}
+
 template <class Config, bool kCausal>
 cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   using namespace cute;
@@ -103,9 +112,8 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
                              tma_view<Element>(out, p.out_stride, rows_q, p.head_dim, p.heads_q, batches),
                              typename Config::SmemLayoutOWarpgroup{}, typename Config::TileOWarpgroup{}, _1{});
 
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int sms = 0;
+  cudaError_t err = current_device_sms(sms);
   if (err != cudaSuccess) return err;
 
   using Params = ForwardKernelParams<decltype(tma_q), decltype(tma_k), decltype(tma_v), decltype(tma_o)>;
