@@ -2,10 +2,11 @@
 //
 // For each work tile of this CTA (tile_scheduler.h) it loads the Q tile once, into one of
 // Config::kQStages buffers guarded by a transaction barrier (q_full), and streams the K and V
-// tiles the query tile can see through two pipelines (kStages buffers each, PipelineTmaAsync: a full barrier the TMA completes with its
-// byte count, an empty barrier every consumer thread arrives at when done with the buffer). Key
-// tiles go from the last to the first, in the order the consumers use them: K[n] first, then
-// K[n-1] before V[n], since the consumers start the next S = Q Kᵀ before this tile's O += P V.
+// tiles the query tile can see through two pipelines (kStages buffers each, PipelineTmaAsync: a
+// full barrier the TMA completes with its byte count, an empty barrier every consumer thread
+// arrives at when done with the buffer). Key tiles go from the last to the first, in the order the
+// consumers use them: K[n] first, then K[n-1] before V[n], since the consumers start the next
+// S = Q Kᵀ before this tile's O += P V.
 // Before a tile's Q, the warp waits for the consumers to be done with the tile that used its buffer
 // before (Config::acquire_query: with one buffer, the previous tile, at the kQueryEmpty barrier;
 // with two, the tile before it, at its q_empty mbarrier, long done by then).
