@@ -8,7 +8,8 @@ of the next ones: two shapes with the same work — (2, 64, S, D) and (8, 16, S,
 contiguous bytes — may read a few percent apart. Here each case is timed on --placements fresh
 allocations of Q, K and V, each behind a pad of random size (so the inputs start at other
 addresses), with the implementations in a shuffled order each time; the table gives each
-implementation's time per placement, their median and spread, and the ratio of the medians.
+implementation's time per placement, their median and spread, and its median time over the first
+implementation's (below 1: faster than the first; the inverse of bench.py's "vs" columns).
 Same timing as bench.py (bench.time_ms: triton's do_bench, median of warmed-up repeats).
 """
 
@@ -39,7 +40,7 @@ def main(argv=None) -> int:
     impls = args.impl.split(",")
     fns = {name: bench.make_impl(name) for name in impls}
     causals = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
-    print(f"| shape | causal | impl | ms per placement | median | spread | vs {impls[0]} |")
+    print(f"| shape | causal | impl | ms per placement | median | spread | time / {impls[0]}'s |")
     print("|---|---|---|---|---|---|---|")
     for shape in args.shapes:
         for causal in causals:
