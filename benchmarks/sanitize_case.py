@@ -11,8 +11,10 @@ rows that see no key, a persistent grid that gives a CTA several tiles, a backwa
 walk many query tiles of each head of a GQA group, and 8269 keys at head dim 128 (the Hopper
 forward's wide key tile, non-causal, with a partial last tile); at D = 256 and with the wide key
 tile (8200 keys), more query tiles than a GPU has SMs, so that a persistent CTA runs several of
-the tiles whose output is staged in Q's buffer; and a D = 256 backward of more key tiles than SMs
-(a persistent CTA's steps run on from one key tile to the next).
+the tiles whose output is staged in Q's buffer; a D = 256 backward of more key tiles than SMs
+(a persistent CTA's steps run on from one key tile to the next); and D = 64 from 2048 query rows
+(the Hopper forward's 192-row tile), whose warpgroups skip the key tiles their rows do not see,
+all of them past the last row.
 varlen: a variable-length batch (fa.attention_varlen) with empty sequences on either side,
 one-row and odd-length ones, Sq != Sk per sequence, on each family.
 kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 and 256, a shuffled
@@ -42,7 +44,7 @@ def dense(backward=True):
             for (b, sq, sk, d) in ((1, 77, 133, 64), (1, 130, 61, 40), (1, 77, 133, 128), (1, 130, 61, 104),
                                    (1, 77, 133, 96), (1, 130, 61, 32), (1, 77, 133, 256), (8, 700, 300, 128),
                                    (1, 33, 8269, 128), (8, 1100, 200, 256), (4, 1100, 8200, 128),
-                                   (3, 300, 2900, 256)):
+                                   (3, 300, 2900, 256), (4, 2100, 2100, 64), (1, 2200, 2049, 64)):
                 if head_dims is not None and d not in head_dims:
                     continue
                 q = torch.randn(b, 4, sq, d, device="cuda", dtype=torch.float16, requires_grad=backward)

@@ -70,6 +70,21 @@ def test_matches_reference_bf16(device, shape, causal):
     check_forward(q, k, v, causal)
 
 
+# Shapes where some consumer warpgroup of a Hopper forward tile sees fewer key tiles than the tile
+# (sm90/fwd_mainloop.h, own_blocks: it skips the rest): D = 64 from 2048 query rows (192 × 128
+# tiles; 2100 leaves warpgroups past the end), D = 256 (128 × 80), queries and keys of different
+# lengths, rows that see no key (causal with more queries than keys).
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 2, 2, 2100, 2100, 64), (1, 2, 2, 2200, 2049, 64),
+                                   (1, 2, 2, 2049, 3000, 64), (1, 2, 2, 700, 700, 256),
+                                   (1, 2, 2, 700, 333, 256)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_warpgroups_skip_key_tiles_their_rows_do_not_see(device, shape, causal, dtype):
+    q, k, v = random_qkv(*shape, dtype, device)
+    check_forward(q, k, v, causal)
+
+
 @pytest.mark.parametrize("heads", [(8, 2), (6, 1)], ids=["gqa", "mqa"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_grouped_query_heads(device, heads, causal):

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     cutlass::arch::ClusterBarrier::wait(&smem.q_full[q_stage], (q_loads++ / Config::kQStages) & 1);
     OnlineSoftmax<kRows> softmax;
     Mainloop::run(p, smem, q_stage, pipeline_k, pipeline_v, k_state, v_state, turns, mma_tid, w, mask,
-                  n_blocks, acc_o, softmax);
+                  n_blocks, Mainloop::own_blocks(mask, seq.seqlen_q, w.m_block), acc_o, softmax);
     float row_lse[kRows];
     auto out_rows = rowcol_view(acc_o);
     softmax.finalize(out_rows, p.scale, row_lse);

@@ -32,14 +32,32 @@ struct ForwardMainloop {
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
 
+  // The first of this consumer warpgroup's 64 rows, within the tile. Read through
+  // canonical_warp_group_idx() (a warp shuffle), which the compiler knows to be warp-uniform: the
+  // loop bounds that depend on it, and with them the pipeline states, then stay in uniform
+  // registers (from the thread index, every barrier address went through R2UR).
+  CUTE_DEVICE static int warpgroup_row() { return (cutlass::canonical_warp_group_idx() - 1) * 64; }
+
+  // Key tiles this warpgroup's rows of tile m_block see (0 when they lie past the sequence's end).
+  // With a causal mask the upper warpgroups of a tile often see fewer than the tile does: at
+  // D = 64 (192 × 128) the first one never sees the tile's last key tile, and each tile's ragged
+  // end leaves whole warpgroups past the sequence (10% of the GEMM work of a causal 2048-row head).
+  CUTE_DEVICE static int own_blocks(const AttentionMask<kCausal>& mask, int seqlen_q, int m_block) {
+    const int first_row = m_block * kBlockM + warpgroup_row();
+    if (first_row >= seqlen_q) return 0;
+    return mask.visible_tiles(cute::min(first_row + 64, seqlen_q), kBlockN);
+  }
+
   // Runs the key tiles [0, n_blocks) of work tile w into acc_o (cleared here) and softmax (fresh).
-  // Q must be in shared memory, in buffer q_stage (the caller waited on its q_full).
+  // Q must be in shared memory, in buffer q_stage (the caller waited on its q_full). This
+  // warpgroup computes only the tiles [0, own_blocks) its own 64 rows see (own_blocks(), above);
+  // it takes its turn for the others and hands their buffers back unread.
   template <class Storage, class AccO, class Softmax>
   CUTE_DEVICE static void run(const ForwardParams& p, Storage& smem, int q_stage, KVPipeline& pipeline_k,
                               KVPipeline& pipeline_v, PipelineState& k_state, PipelineState& v_state,
                               WarpgroupTurns<Config::kMmaWarpgroups> const& turns, int mma_tid,
                               const WorkTile& w, const AttentionMask<kCausal>& mask, int n_blocks,
-                              AccO& acc_o, Softmax& softmax) {
+                              int own_blocks, AccO& acc_o, Softmax& softmax) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(Config::query_buffer(smem, q_stage)), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
@@ -59,7 +77,7 @@ struct ForwardMainloop {
     Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(acc_s.layout()));
 
     const int row0 = w.m_block * kBlockM;
-    const int first_masked = mask.first_masked_tile(row0, kBlockN);
+    const int first_masked = mask.first_masked_tile(row0 + warpgroup_row(), kBlockN);
     // The softmax of S = Q K[n]ᵀ in acc_s (masked: true_type where the tile needs the mask), in
     // place: the new row maxima and the probabilities of the first first_rows rows (all by default;
     // OnlineSoftmax::rescale_scores_other_rows does the others).
@@ -90,13 +108,36 @@ struct ForwardMainloop {
     };
 
     clear(acc_o);
+    // The key tiles past this warpgroup's last visible key (causal: the diagonal's last tile for
+    // the upper warpgroups of a tile; rows past the sequence's end: all of them). The turn is still
+    // taken, so that the warpgroups' rotation stays in step, and the buffers go back unread in the
+    // producer's order (K[n], then V[n + 1]): with two stages, V[n + 1] waited for only after
+    // later K tiles would deadlock against a producer that needs its buffer for V[n - 1].
+    auto release_unread_v = [&]() {
+      pipeline_v.consumer_wait(v_state);
+      release(pipeline_v, v_state);
+    };
     int n = n_blocks - 1;
+#pragma unroll 1
+    for (; n >= own_blocks; --n) {
+      wait_k();
+      turns.wait();
+      turns.pass();
+      release(pipeline_k, k_state);
+      if (n < n_blocks - 1) release_unread_v();  // V[n + 1]
+    }
+    if (own_blocks == 0) {
+      release_unread_v();  // V[0]
+      if constexpr (!Config::kOutputAliasesQ) Config::release_query(smem, q_stage);
+      return;
+    }
     wait_k();
     turns.wait();
     s_gemm();
     turns.pass();
     gemm_wait<0>(acc_s);
     release(pipeline_k, k_state);
+    if (own_blocks < n_blocks) release_unread_v();  // V[own_blocks], loaded after K[own_blocks - 1]
     if (n >= first_masked) {
       softmax_of(n, cute::true_type{}, AllRows{});
     } else {
