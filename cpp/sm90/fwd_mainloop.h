@@ -39,9 +39,10 @@ struct ForwardMainloop {
   CUTE_DEVICE static int warpgroup_row() { return (cutlass::canonical_warp_group_idx() - 1) * 64; }
 
   // Key tiles this warpgroup's rows of tile m_block see (0 when they lie past the sequence's end).
-  // With a causal mask the upper warpgroups of a tile often see fewer than the tile does: at
-  // D = 64 (192 × 128) the first one never sees the tile's last key tile, and each tile's ragged
-  // end leaves whole warpgroups past the sequence (10% of the GEMM work of a causal 2048-row head).
+  // With a causal mask the warpgroups of a tile's first rows often see fewer key tiles than the
+  // tile does: at D = 64 (192 × 128) the first one never sees the tile's last key tile. And a
+  // sequence that ends inside a tile leaves whole warpgroups past its last row. Together: 10% of
+  // the GEMM work of the causal D = 64 forward at 2048 rows (benchmarks/NOTES.md, session 29).
   CUTE_DEVICE static int own_blocks(const AttentionMask<kCausal>& mask, int seqlen_q, int m_block) {
     const int first_row = m_block * kBlockM + warpgroup_row();
     if (first_row >= seqlen_q) return 0;
@@ -108,8 +109,8 @@ struct ForwardMainloop {
     };
 
     clear(acc_o);
-    // The key tiles past this warpgroup's last visible key (causal: the diagonal's last tile for
-    // the upper warpgroups of a tile; rows past the sequence's end: all of them). The turn is still
+    // The key tiles past this warpgroup's last visible key (causal: the tile's last key tile for
+    // the warpgroups of its first rows; rows past the sequence's end: all of them). The turn is still
     // taken, so that the warpgroups' rotation stays in step, and the buffers go back unread in the
     // producer's order (K[n], then V[n + 1]): with two stages, V[n + 1] waited for only after
     // later K tiles would deadlock against a producer that needs its buffer for V[n - 1].
