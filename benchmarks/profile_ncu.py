@@ -43,6 +43,7 @@ SUMMARY_METRICS = [
     ("L2 hit rate %", "lts__t_sector_hit_rate.pct", lambda v: f"{v:.1f}"),
     ("L2 bytes GB", "lts__t_bytes.sum", lambda v: f"{v / 1e9:.2f}"),
     ("L2 reduction sectors M", "lts__t_sectors_op_red.sum", lambda v: f"{v / 1e6:.2f}"),
+    ("warp instructions M", "smsp__inst_executed.sum", lambda v: f"{v / 1e6:.1f}"),
     ("achieved occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", lambda v: f"{v:.1f}"),
     ("local loads (spills)", "smsp__sass_inst_executed_op_local_ld.sum", lambda v: f"{v:.0f}"),
     ("local stores (spills)", "smsp__sass_inst_executed_op_local_st.sum", lambda v: f"{v:.0f}"),
@@ -50,7 +51,7 @@ SUMMARY_METRICS = [
     ("smem st bank conflicts", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", lambda v: f"{v:.0f}"),
 ]
 # Metrics the "full" set does not collect under these names: asked for with --metrics as well.
-EXTRA_METRICS = ["lts__t_bytes.sum", "lts__t_sectors_op_red.sum"]
+EXTRA_METRICS = ["lts__t_bytes.sum", "lts__t_sectors_op_red.sum", "smsp__inst_executed.sum"]
 STALL_METRIC = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 # ncu's raw page states each metric's unit in its second row; scale to seconds and bytes.
 CANONICAL = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
