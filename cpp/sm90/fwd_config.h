@@ -110,11 +110,17 @@ struct ForwardConfig {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kMaxSmemBytes, "tile does not fit in shared memory");
 
-  // Key tiles the query tile m_block sees (0: none of its rows sees a key); the producer and the
-  // consumers both count them.
+  // Key tiles that query rows [row_begin, row_begin + rows) see (0: none of them sees a key, or
+  // they all lie past seqlen_q).
+  template <class Mask>
+  CUTE_DEVICE static int key_tiles_of_rows(const Mask& mask, int seqlen_q, int row_begin, int rows) {
+    if (row_begin >= seqlen_q) return 0;
+    return mask.visible_tiles(cute::min(row_begin + rows, seqlen_q), kBlockN);
+  }
+  // Key tiles the query tile m_block sees; the producer and the consumers both count them.
   template <class Mask>
   CUTE_DEVICE static int key_tiles(const Mask& mask, int seqlen_q, int m_block) {
-    return mask.visible_tiles(cute::min((m_block + 1) * kBlockM, seqlen_q), kBlockN);
+    return key_tiles_of_rows(mask, seqlen_q, m_block * kBlockM, kBlockM);
   }
 
   CUTE_DEVICE static Element* query_buffer(SharedStorage& s, int stage) {

@@ -67,7 +67,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if (warp == 0 && elect_one_sync()) {
     for (int stage = 0; stage < Config::kQStages; ++stage) {
       cutlass::arch::ClusterTransactionBarrier::init(&smem.q_full[stage], 1);
-      cutlass::arch::ClusterBarrier::init(&smem.q_empty[stage], Config::kMmaThreads);
+      // One Q buffer: the consumers free it through the kQueryEmpty named barrier instead.
+      if constexpr (Config::kQStages > 1) cutlass::arch::ClusterBarrier::init(&smem.q_empty[stage], Config::kMmaThreads);
     }
   }
   const auto pipeline_params = tma_pipeline_params<KVPipeline>(Config::kKVTileBytes, Config::kMmaThreads);

@@ -63,8 +63,7 @@ struct ForwardLoad {
       const Sequence seq = Sequence::of(p, w.batch);
       const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
       // Past this sequence's rows (varlen: the order covers the longest), nothing to do.
-      const int n_blocks =
-          w.m_block * Config::kBlockM < seq.seqlen_q ? Config::key_tiles(mask, seq.seqlen_q, w.m_block) : 0;
+      const int n_blocks = Config::key_tiles(mask, seq.seqlen_q, w.m_block);
       // The next tile is known as soon as this one's loads are issued (the consumers take it
       // from the hand-over when they finish this one).
       // With dynamic scheduling the tiles past their sequences are skipped here, so the consumers

@@ -44,9 +44,7 @@ struct ForwardMainloop {
   // sequence that ends inside a tile leaves whole warpgroups past its last row. Together: 10% of
   // the GEMM work of the causal D = 64 forward at 2048 rows (benchmarks/NOTES.md, session 29).
   CUTE_DEVICE static int own_blocks(const AttentionMask<kCausal>& mask, int seqlen_q, int m_block) {
-    const int first_row = m_block * kBlockM + warpgroup_row();
-    if (first_row >= seqlen_q) return 0;
-    return mask.visible_tiles(cute::min(first_row + 64, seqlen_q), kBlockN);
+    return Config::key_tiles_of_rows(mask, seqlen_q, m_block * kBlockM + warpgroup_row(), 64);
   }
 
   // Runs the key tiles [0, n_blocks) of work tile w into acc_o (cleared here) and softmax (fresh).
@@ -108,6 +106,11 @@ struct ForwardMainloop {
       ++state;
     };
 
+    // Once every S = Q Kᵀ of this tile is done, Q's buffer may take another tile (unless the
+    // output tile is staged in it).
+    auto done_with_query = [&]() {
+      if constexpr (!Config::kOutputAliasesQ) Config::release_query(smem, q_stage);
+    };
     clear(acc_o);
     // The key tiles past this warpgroup's last visible key (causal: the tile's last key tile for
     // the warpgroups of its first rows; rows past the sequence's end: all of them). The turn is still
@@ -129,7 +132,7 @@ struct ForwardMainloop {
     }
     if (own_blocks == 0) {
       release_unread_v();  // V[0]
-      if constexpr (!Config::kOutputAliasesQ) Config::release_query(smem, q_stage);
+      done_with_query();
       return;
     }
     wait_k();
@@ -192,9 +195,7 @@ struct ForwardMainloop {
     };
     for (--n; n >= first_masked; --n) step(n, cute::true_type{});
     for (; n >= 0; --n) step(n, cute::false_type{});
-    // Every S = Q Kᵀ of this tile is done: Q's buffer may take another tile (unless the output
-    // tile is staged in it).
-    if constexpr (!Config::kOutputAliasesQ) Config::release_query(smem, q_stage);
+    done_with_query();
     o_gemm();
     gemm_wait<0>(acc_o);
     release(pipeline_v, v_state);
