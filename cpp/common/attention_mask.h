@@ -59,16 +59,26 @@ struct AttentionMask {
   }
 
   // The same on rows × columns views (each row of coords holds one query row): each row's first
-  // hidden key is found once, then each score costs one compare and one select.
+  // hidden key is found once, then each score costs one compare and one select. coords is an
+  // identity tensor partitioned for this thread: its element (r, c) is the thread's own origin
+  // (a runtime value) plus a compile-time offset (its layout). The columns are compared as those
+  // offsets, against the row's end minus the origin's column: written with the columns
+  // themselves, the compiler hoisted them out of the step loop and kept one register a column live
+  // through it (10 in the D = 256 backward, which spilled).
   template <class Scores, class Coords>
   CUTE_DEVICE void apply_rows(Scores& scores, Coords const& coords, int row0, int key0) const {
+    const int origin_col = cute::get<1>(coords(0, 0));
+    const auto offset_col = [&](int r, int c) {
+      return cute::get<1>(coords.layout()(r, c)) - cute::get<1>(coords.layout()(0, 0));
+    };
     CUTE_UNROLL
     for (int r = 0; r < cute::size<0>(scores); ++r) {
       int end = seqlen_k - key0;  // the row sees the tile's columns [0, end)
       if constexpr (kCausal) end = cute::min(end, row0 + cute::get<0>(coords(r, 0)) + diagonal + 1 - key0);
+      end -= origin_col;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); ++c) {
-        if (cute::get<1>(coords(r, c)) >= end) scores(r, c) = -INFINITY;
+        if (offset_col(r, c) >= end) scores(r, c) = -INFINITY;
       }
     }
   }
