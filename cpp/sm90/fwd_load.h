@@ -62,7 +62,7 @@ struct ForwardLoad {
       const WorkTile w = TileScheduler::tile(params.scheduler, t);
       const Sequence seq = Sequence::of(p, w.batch);
       const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
-      // Past this sequence's rows (varlen: the order covers the longest), nothing to do.
+      // 0 past this sequence's rows (varlen: the order covers the longest): nothing to do.
       const int n_blocks = Config::key_tiles(mask, seq.seqlen_q, w.m_block);
       // The next tile is known as soon as this one's loads are issued (the consumers take it
       // from the hand-over when they finish this one).
