@@ -105,7 +105,7 @@ struct ForwardConfig {
     typename KVPipeline::SharedStorage pipeline_v;
     uint64_t q_full[kQStages];   // transaction barrier of each Q buffer
     uint64_t q_empty[kQStages];  // with two Q buffers: every consumer thread is done with it
-    int next_tile;    // dynamic scheduling: the producer's hand-over of the next tile index
+    int next_tile[kMmaWarpgroups];  // dynamic scheduling: the next tile index, one slot a warpgroup
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kMaxSmemBytes, "tile does not fit in shared memory");

@@ -76,8 +76,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   KVPipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before any role uses them
 
-  const TileHandoff<ForwardBarrier::kTileFull, ForwardBarrier::kTileEmpty,
-                    Config::kMmaThreads + 32> handoff{&smem.next_tile};
+  const TileHandoff<ForwardBarrier::kTileFull, ForwardBarrier::kTileEmpty, Config::kMmaWarpgroups>
+      handoff{smem.next_tile};
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   int q_loads = 0;
   for (int t = blockIdx.x; t < params.scheduler.total;
-       t = TileScheduler::receive_next(params.scheduler, t, handoff)) {
+       t = TileScheduler::receive_next(params.scheduler, t, handoff, warpgroup - 1)) {
     const WorkTile w = TileScheduler::tile(params.scheduler, t);
     const Sequence seq = Sequence::of(p, w.batch);
     if (w.m_block * Config::kBlockM >= seq.seqlen_q) continue;  // varlen: past this sequence's rows

@@ -16,10 +16,10 @@ enum class ForwardBarrier : uint32_t {
   kQueryEmpty = 0,     // consumers -> producer warp: the Q buffer (and O, where O aliases it) is free
   kEpilogue = 1,       // kEpilogue + w: consumer warpgroup w around its slice of the output tile
   kWarpgroupTurn = 4,  // kWarpgroupTurn + w: consumer warpgroup w may issue its GEMMs (ping-pong)
-  kTileFull = 7,       // producer -> consumers: the next work tile's index is in shared memory
-  kTileEmpty = 8,      // consumers -> producer: they have read it
+  kTileFull = 7,       // kTileFull + w: producer -> consumer warpgroup w: its next tile index is in smem
+  kTileEmpty = 10,     // kTileEmpty + w: consumer warpgroup w -> producer: it has read it
 };
-static_assert(static_cast<uint32_t>(ForwardBarrier::kTileEmpty) + 1 < 16);
+static_assert(static_cast<uint32_t>(ForwardBarrier::kTileEmpty) + 3 < 16);
 
 // The backward's (sm90/bwd_kernel.h).
 enum class BackwardBarrier : uint32_t {

@@ -138,10 +138,10 @@ struct TileScheduler {
   // The tile after t, as the producer warp learns it (all its lanes get the same answer).
   CUTE_DEVICE static int fetch_next(const Params& p, int t) { return next_tile_from(p.counter, t); }
 
-  // The consumers' view: the tile after t (with dynamic scheduling, from the producer's hand-over).
+  // Consumer warpgroup `warpgroup`'s view: the tile after t (dynamic: from the producer's hand-over).
   template <class Handoff>
-  CUTE_DEVICE static int receive_next(const Params& p, int t, Handoff const& handoff) {
-    return p.counter == nullptr ? t + static_cast<int>(gridDim.x) : handoff.receive();
+  CUTE_DEVICE static int receive_next(const Params& p, int t, Handoff const& handoff, int warpgroup) {
+    return p.counter == nullptr ? t + static_cast<int>(gridDim.x) : handoff.receive(warpgroup);
   }
 
   CUTE_HOST_DEVICE static WorkTile tile(const Params& p, int t) {
@@ -155,24 +155,31 @@ struct TileScheduler {
 };
 
 // Dynamic scheduling's hand-over of the next tile index from the producer warp to the consumer
-// threads: one shared-memory slot and two named barriers, kFull (the slot holds the next index)
-// and kEmpty (every consumer has read it). Both count the producer warp and the consumers.
-template <ForwardBarrier kFull, ForwardBarrier kEmpty, int kThreads>
+// warpgroups through shared memory: one slot per warpgroup and two named barriers each, kFull + w
+// (warpgroup w's slot holds the next index) and kEmpty + w (warpgroup w has read it), each counting
+// the producer warp and that warpgroup. A warpgroup that finishes its tile goes on to the next at
+// once, without waiting for the others to finish theirs (in ping-pong the other warpgroup is half a
+// step behind, its last GEMM and epilogue still to run).
+template <ForwardBarrier kFull, ForwardBarrier kEmpty, int kWarpgroups>
 struct TileHandoff {
-  int* slot;
+  static constexpr int kThreads = 128 + 32;
+  int* slots;  // kWarpgroups
 
-  // Producer warp. Before the first hand-over the slot is free; after it, wait until it is read.
+  // Producer warp. Before the first hand-over the slots are free; after it, wait until each is read.
   CUTE_DEVICE void publish(int next, bool first) const {
-    if (!first) barrier_sync(kEmpty, kThreads);
-    if (cute::elect_one_sync()) *slot = next;
-    barrier_arrive(kFull, kThreads);
+    CUTE_UNROLL
+    for (int w = 0; w < kWarpgroups; ++w) {
+      if (!first) barrier_sync(kEmpty, kThreads, w);
+      if (cute::elect_one_sync()) slots[w] = next;
+      barrier_arrive(kFull, kThreads, w);
+    }
   }
 
-  // Consumer threads.
-  CUTE_DEVICE int receive() const {
-    barrier_sync(kFull, kThreads);
-    const int next = *slot;
-    barrier_arrive(kEmpty, kThreads);
+  // Consumer warpgroup w's threads.
+  CUTE_DEVICE int receive(int w) const {
+    barrier_sync(kFull, kThreads, w);
+    const int next = slots[w];
+    barrier_arrive(kEmpty, kThreads, w);
     return next;
   }
 };
