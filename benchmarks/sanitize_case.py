@@ -14,7 +14,9 @@ tile (8200 keys), more query tiles than a GPU has SMs, so that a persistent CTA 
 the tiles whose output is staged in Q's buffer; a D = 256 backward of more key tiles than SMs
 (a persistent CTA's steps run on from one key tile to the next); and D = 64 from 2048 query rows
 (the Hopper forward's 192-row tile), whose warpgroups skip the key tiles their rows do not see,
-all of them past the last row.
+all of them past the last row; and two query tiles a head at D = 128 (8200 keys, the wide tile)
+and D = 256, non-causal: the Hopper forward's CTA pairs, which load K and V into each other's
+shared memory (FA_SM90_FWD_PAIRS; the (8, 700, 300, 128) case runs on them too).
 varlen: a variable-length batch (fa.attention_varlen) with empty sequences on either side,
 one-row and odd-length ones, Sq != Sk per sequence, on each family.
 kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 and 256, a shuffled
@@ -44,7 +46,8 @@ def dense(backward=True):
             for (b, sq, sk, d) in ((1, 77, 133, 64), (1, 130, 61, 40), (1, 77, 133, 128), (1, 130, 61, 104),
                                    (1, 77, 133, 96), (1, 130, 61, 32), (1, 77, 133, 256), (8, 700, 300, 128),
                                    (1, 33, 8269, 128), (8, 1100, 200, 256), (4, 1100, 8200, 128),
-                                   (3, 300, 2900, 256), (4, 2100, 2100, 64), (1, 2200, 2049, 64)):
+                                   (3, 300, 2900, 256), (4, 2100, 2100, 64), (1, 2200, 2049, 64),
+                                   (2, 250, 8200, 128), (2, 250, 300, 256)):
                 if head_dims is not None and d not in head_dims:
                     continue
                 q = torch.randn(b, 4, sq, d, device="cuda", dtype=torch.float16, requires_grad=backward)

@@ -188,6 +188,25 @@ def test_long_keys_take_the_wide_tile(family, seqlen_k):
     assert forward and wide == expected, names
 
 
+# Non-causal dense batches with an even number of query tiles run on pairs of Hopper CTAs that
+# share each K and V tile (sm90/fwd_launch.h: clusters of two, each CTA loading half a tile into
+# both). The pairs change where K and V come from, not the arithmetic: the output must equal the
+# unpaired kernel's (FA_SM90_FWD_PAIRS=0) bit for bit, and the reference's within the usual error.
+# Shapes: partial last query tile, GQA, the 176-key tile (from 8192 keys), head dim 256, odd tiles.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 250, 300, 128), (1, 2, 2, 256, 8269, 128), (2, 4, 4, 1000, 77, 256),
+                                   (1, 6, 2, 384, 129, 128), (1, 2, 2, 130, 130, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_cta_pairs_match_single_ctas(device, shape, dtype, monkeypatch):
+    if device == "cpu":
+        pytest.skip("CTA pairs: CUDA only")
+    q, k, v = random_qkv(*shape, dtype, device)
+    out, lse = check_forward(q, k, v, causal=False)
+    monkeypatch.setenv("FA_SM90_FWD_PAIRS", "0")
+    single, single_lse = run_forward(q, k, v)
+    assert torch.equal(out, single) and torch.equal(lse, single_lse)
+
+
 @pytest.mark.parametrize(
     "shape",
     [(0, 2, 2, 10, 10, 64), (2, 0, 0, 10, 10, 64), (2, 2, 2, 0, 10, 64), (2, 2, 2, 10, 0, 64)],

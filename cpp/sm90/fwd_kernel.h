@@ -15,7 +15,9 @@
 //
 // The grid is persistent: about one CTA per SM, each walking its share of the work tiles in the
 // scheduler's order (tile_scheduler.h: longest first for causal, heads grouped so K and V stay in
-// L2; causal tiles handed out one at a time from a global counter). Synchronisation: q_full (TMA
+// L2; causal tiles handed out one at a time from a global counter). Non-causal dense batches run
+// on CTA pairs where they can (fwd_launch.h: clusters of two CTAs on adjacent query tiles of one
+// head, each loading half of every K and V tile into both). Synchronisation: q_full (TMA
 // transaction barriers, one per Q buffer) hands Q to the consumers; the K and V pipelines'
 // full/empty barriers hand each buffer back and forth; q_empty (two Q buffers) or the kQueryEmpty
 // named barrier (one) tells the producer that a Q buffer is free again (ForwardConfig::kQStages);
@@ -42,7 +44,7 @@ namespace fa::sm90 {
 
 // What the kernel receives: the attention problem, the scheduler's order, and the TMA descriptors
 // (built on the host from the real strides; passed by value as __grid_constant__).
-template <class TmaQ, class TmaK, class TmaV, class TmaO>
+template <class TmaQ, class TmaK, class TmaV, class TmaO, class TmaPair>
 struct ForwardKernelParams {
   ForwardParams attn;
   TileScheduler::Params scheduler;
@@ -50,31 +52,20 @@ struct ForwardKernelParams {
   TmaK tma_k;
   TmaV tma_v;
   TmaO tma_o;
+  // CTA pairs (non-causal, static schedule; launched as clusters of two): each CTA of a pair loads
+  // half of every K and V tile into both CTAs' shared memory (TMA multicast). 1 or 2.
+  int pair = 1;
+  TmaPair tma_k_pair;
+  TmaPair tma_v_pair;
 };
 
-template <class Config, bool kCausal, class Params>
-__global__ void __launch_bounds__(Config::kThreads, 1)
-    forward_kernel(const __grid_constant__ Params params) {
+// The roles of a forward CTA (above), once its barriers are initialised.
+template <class Config, bool kCausal, class Params, class Storage, class KVPipeline>
+CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipeline_k, KVPipeline& pipeline_v) {
   using namespace cute;
-  using KVPipeline = typename Config::KVPipeline;
-  using Storage = typename Config::SharedStorage;
-  extern __shared__ char smem_raw[];
-  Storage& smem = *reinterpret_cast<Storage*>(smem_raw);
   const ForwardParams& p = params.attn;
   const int warp = cutlass::canonical_warp_idx_sync();
   const int warpgroup = cutlass::canonical_warp_group_idx();
-
-  if (warp == 0 && elect_one_sync()) {
-    for (int stage = 0; stage < Config::kQStages; ++stage) {
-      cutlass::arch::ClusterTransactionBarrier::init(&smem.q_full[stage], 1);
-      // One Q buffer: the consumers free it through the kQueryEmpty named barrier instead.
-      if constexpr (Config::kQStages > 1) cutlass::arch::ClusterBarrier::init(&smem.q_empty[stage], Config::kMmaThreads);
-    }
-  }
-  const auto pipeline_params = tma_pipeline_params<KVPipeline>(Config::kKVTileBytes, Config::kMmaThreads);
-  KVPipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
-  KVPipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
-  __syncthreads();  // barriers initialised before any role uses them
 
   const TileHandoff<ForwardBarrier::kTileFull, ForwardBarrier::kTileEmpty, Config::kMmaWarpgroups>
       handoff{smem.next_tile};
@@ -111,13 +102,50 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     cutlass::arch::ClusterBarrier::wait(&smem.q_full[q_stage], (q_loads++ / Config::kQStages) & 1);
     OnlineSoftmax<kRows> softmax;
     Mainloop::run(p, smem, q_stage, pipeline_k, pipeline_v, k_state, v_state, turns, mma_tid, w, mask,
-                  n_blocks, Mainloop::own_blocks(mask, seq.seqlen_q, w.m_block), acc_o, softmax);
+                  n_blocks, Mainloop::own_blocks(mask, seq.seqlen_q, w.m_block), acc_o, softmax, params.pair);
     float row_lse[kRows];
     auto out_rows = rowcol_view(acc_o);
     softmax.finalize(out_rows, p.scale, row_lse);
     Epilogue::store(params, smem, mma_tid, w, seq, acc_o, row_lse);
   }
   Epilogue::finish(mma_tid);
+}
+
+template <class Config, bool kCausal, class Params>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    forward_kernel(const __grid_constant__ Params params) {
+  using namespace cute;
+  using KVPipeline = typename Config::KVPipeline;
+  using Storage = typename Config::SharedStorage;
+  extern __shared__ char smem_raw[];
+  Storage& smem = *reinterpret_cast<Storage*>(smem_raw);
+  const int warp = cutlass::canonical_warp_idx_sync();
+
+  if (warp == 0 && elect_one_sync()) {
+    for (int stage = 0; stage < Config::kQStages; ++stage) {
+      cutlass::arch::ClusterTransactionBarrier::init(&smem.q_full[stage], 1);
+      // One Q buffer: the consumers free it through the kQueryEmpty named barrier instead.
+      if constexpr (Config::kQStages > 1) cutlass::arch::ClusterBarrier::init(&smem.q_empty[stage], Config::kMmaThreads);
+    }
+  }
+  const auto pipeline_params = tma_pipeline_params<KVPipeline>(Config::kKVTileBytes, Config::kMmaThreads);
+  if constexpr (kCausal) {
+    KVPipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+    KVPipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    __syncthreads();  // barriers initialised before any role uses them
+    run_roles<Config, kCausal>(params, smem, pipeline_k, pipeline_v);
+  } else {
+    // A CTA pair's K/V buffers are filled by both CTAs and released by both CTAs' consumers (the
+    // empty barriers then count one arrival per consumer warpgroup of the pair: pipeline.h).
+    const int arrivals = params.pair == 1 ? Config::kMmaThreads : 2 * Config::kMmaWarpgroups;
+    init_pipeline_barriers<KVPipeline>(smem.pipeline_k, arrivals);
+    init_pipeline_barriers<KVPipeline>(smem.pipeline_v, arrivals);
+    KVPipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{}, cute::false_type{});
+    KVPipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{}, cute::false_type{});
+    cute::cluster_arrive_relaxed();  // both CTAs' barriers initialised before either uses them
+    cute::cluster_wait();
+    run_roles<Config, kCausal>(params, smem, pipeline_k, pipeline_v);
+  }
 }
 
 }  // namespace fa::sm90

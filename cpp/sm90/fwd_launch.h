@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 
 #include <cuda_runtime_api.h>
 #include <cute/tensor.hpp>
@@ -80,11 +81,49 @@ auto tma_view(Pointer ptr, Strides s, int seqlen, int head_dim, int heads, int b
 
 // The current device's SM count: the persistent kernels (forward and backward) launch about one
 // CTA per SM.
+inline constexpr int kMaxDevices = 64;
+
 inline cudaError_t current_device_sms(int& sms) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   return err;
+}
+
+// CTA pairs (the non-causal forward at D ≥ 128 over dense batches whose heads have an even number
+// of query tiles): the kernel is launched in clusters of two CTAs. With the static schedule CTAs 2c and
+// 2c + 1 take tiles t and t + 1 of the order, adjacent query tiles of one head, which read the same
+// K and V tiles; each CTA of the pair loads half of every tile into both (TMA multicast,
+// fwd_load.h), so K and V are read from L2 once per pair. Measured 2–3% faster from 8192 keys at
+// D = 128, 0.5–1.3% at D = 256, level at 4096 keys and below; at D = 64 (192-row tiles, K and V
+// read by more rows) level, so not used there (benchmarks/NOTES.md, session 33).
+// FA_SM90_FWD_PAIRS=0 launches single CTAs instead.
+//
+// Sets config's cluster attribute (in `attribute`) and returns in `pairs` how many pairs fit on
+// the device at once (0: none; asked once per device and Config).
+template <class Config, class Kernel>
+cudaError_t max_cta_pairs(Kernel kernel, cudaLaunchConfig_t& config, cudaLaunchAttribute (&attribute)[1], int& pairs) {
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = 2;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  static int known[kMaxDevices] = {};  // per device: pairs + 1, 0 before the first query
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < kMaxDevices && known[device] > 0) {
+    pairs = known[device] - 1;
+    return cudaSuccess;
+  }
+  const dim3 grid = config.gridDim;
+  config.gridDim = dim3(2, 1, 1);
+  err = cudaOccupancyMaxActiveClusters(&pairs, kernel, &config);
+  config.gridDim = grid;
+  if (err != cudaSuccess) return err;
+  if (device < kMaxDevices) known[device] = pairs + 1;
+  return cudaSuccess;
 }
 
 template <class Config, bool kCausal>
@@ -108,6 +147,13 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   auto tma_v = make_tma_copy(SM90_TMA_LOAD{},
                              tma_view<Element>(v, p.v_stride, rows_k, p.head_dim, p.heads_kv, batches),
                              kv_stage, typename Config::TileKV{}, _1{});
+  // Half of a K or V tile each, multicast to both CTAs of a pair (fwd_load.h).
+  auto tma_k_pair = make_tma_copy(SM90_TMA_LOAD_MULTICAST{},
+                                  tma_view<Element>(k, p.k_stride, rows_k, p.head_dim, p.heads_kv, batches),
+                                  kv_stage, typename Config::TileKV{}, _2{});
+  auto tma_v_pair = make_tma_copy(SM90_TMA_LOAD_MULTICAST{},
+                                  tma_view<Element>(v, p.v_stride, rows_k, p.head_dim, p.heads_kv, batches),
+                                  kv_stage, typename Config::TileKV{}, _2{});
   auto tma_o = make_tma_copy(SM90_TMA_STORE{},
                              tma_view<Element>(out, p.out_stride, rows_q, p.head_dim, p.heads_q, batches),
                              typename Config::SmemLayoutOWarpgroup{}, typename Config::TileOWarpgroup{}, _1{});
@@ -116,7 +162,8 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   cudaError_t err = current_device_sms(sms);
   if (err != cudaSuccess) return err;
 
-  using Params = ForwardKernelParams<decltype(tma_q), decltype(tma_k), decltype(tma_v), decltype(tma_o)>;
+  using Params = ForwardKernelParams<decltype(tma_q), decltype(tma_k), decltype(tma_v), decltype(tma_o),
+                                     decltype(tma_k_pair)>;
   // Causal tiles differ in length, and so do a varlen batch's: CTAs then take tiles from a counter.
   const bool dynamic = kCausal || p.cu_seqlens_q != nullptr;
   const int m_blocks = (p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
@@ -125,15 +172,31 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   Params params{p,
                 TileScheduler::make_params(m_blocks, p.heads_q, p.batch, kCausal, kv_bytes_per_head,
                                            dynamic ? p.tile_counter : nullptr),
-                tma_q, tma_k, tma_v, tma_o};
+                tma_q, tma_k, tma_v, tma_o, 1, tma_k_pair, tma_v_pair};
 
   auto kernel = &forward_kernel<Config, kCausal, Params>;
   constexpr int kSmem = Config::kSmemBytes;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  const int grid = TileScheduler::grid_size(params.scheduler, sms);
-  kernel<<<grid, Config::kThreads, kSmem, stream>>>(params);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(TileScheduler::grid_size(params.scheduler, sms), 1, 1);
+  config.blockDim = dim3(Config::kThreads, 1, 1);
+  config.dynamicSmemBytes = kSmem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  const char* pairs_env = std::getenv("FA_SM90_FWD_PAIRS");
+  if (Config::kHeadDim >= 128 && !dynamic && m_blocks % 2 == 0 && !(pairs_env != nullptr && pairs_env[0] == '0')) {
+    int pairs = 0;
+    err = max_cta_pairs<Config>(kernel, config, cluster, pairs);
+    if (err != cudaSuccess) return err;
+    if (pairs > 0) {
+      params.pair = 2;
+      config.gridDim.x = std::max(2, std::min<int>(config.gridDim.x, 2 * pairs) / 2 * 2);
+    } else {
+      config.numAttrs = 0;
+    }
+  }
+  return cudaLaunchKernelEx(&config, kernel, params);
 }
 
 template <class ElementTag, int kHeadDim, bool kCausal>

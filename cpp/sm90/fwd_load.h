@@ -6,7 +6,10 @@
 // full barrier the TMA completes with its byte count, an empty barrier every consumer thread
 // arrives at when done with the buffer). Key tiles go from the last to the first, in the order the
 // consumers use them: K[n] first, then K[n-1] before V[n], since the consumers start the next
-// S = Q Kᵀ before this tile's O += P V.
+// S = Q Kᵀ before this tile's O += P V. In a CTA pair (params.pair == 2, fwd_launch.h) both CTAs
+// walk the same key tiles, and each loads its half of every K and V tile into both CTAs' buffers.
+// Before exiting it then waits until every buffer has been released (both CTAs' consumers arrive
+// at its empty barriers).
 // Before a tile's Q, the warp waits for the consumers to be done with the tile that used its buffer
 // before (Config::acquire_query: with one buffer, the previous tile, at the kQueryEmpty barrier;
 // with two, the tile before it, at its q_empty mbarrier, long done by then).
@@ -48,15 +51,28 @@ struct ForwardLoad {
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
 
-    auto load_kv = [&](KVPipeline& pipeline, auto& state, auto const& tma, auto const& src,
-                       auto& dst) {
-      pipeline.producer_acquire(state);
-      if (leader) copy(tma.with(*pipeline.producer_get_barrier(state)), src, dst(_, state.index()));
-      ++state;
-    };
-
     auto k_state = cutlass::make_producer_start_state<KVPipeline>();
     auto v_state = cutlass::make_producer_start_state<KVPipeline>();
+    // K[n_blocks - 1], then K[n - 1] before V[n], V[0] last. A CTA pair (params.pair == 2,
+    // non-causal only) loads each tile half by half, each CTA's half into both CTAs' buffers
+    // (multicast: `mask...` is the pair's CTA mask); a buffer is refilled once both CTAs'
+    // consumers are done with it (the pipelines count both).
+    auto stream_kv = [&](int n_blocks, auto const& tma_k, auto const& tKgK, auto& tKsK, auto const& tma_v,
+                         auto const& tVgV, auto& tVsV, auto... mask) {
+      auto load = [&](KVPipeline& pipeline, auto& state, auto const& tma, auto const& src, auto& dst) {
+        pipeline.producer_acquire(state);
+        if (leader) copy(tma.with(*pipeline.producer_get_barrier(state), mask...), src, dst(_, state.index()));
+        ++state;
+      };
+      int n = n_blocks - 1;
+      load(pipeline_k, k_state, tma_k, tKgK(_, n), tKsK);
+      for (; n > 0; --n) {
+        load(pipeline_k, k_state, tma_k, tKgK(_, n - 1), tKsK);
+        load(pipeline_v, v_state, tma_v, tVgV(_, n), tVsV);
+      }
+      load(pipeline_v, v_state, tma_v, tVgV(_, 0), tVsV);
+    };
+
     int q_loads = 0;
     for (int t = blockIdx.x, handed = 0; t < params.scheduler.total; ++handed) {
       const WorkTile w = TileScheduler::tile(params.scheduler, t);
@@ -108,14 +124,28 @@ struct ForwardLoad {
         cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.q_full[q_stage], Config::kQBytes);
         copy(params.tma_q.with(smem.q_full[q_stage]), tQgQ, tQsQ);
       }
-      int n = n_blocks - 1;
-      load_kv(pipeline_k, k_state, params.tma_k, tKgK(_, n), tKsK);
-      for (; n > 0; --n) {
-        load_kv(pipeline_k, k_state, params.tma_k, tKgK(_, n - 1), tKsK);
-        load_kv(pipeline_v, v_state, params.tma_v, tVgV(_, n), tVsV);
+      if constexpr (!kCausal) {
+        if (params.pair > 1) {
+          const int rank = static_cast<int>(cute::block_rank_in_cluster());
+          auto [tKgK2, tKsK2] = tma_partition(params.tma_k_pair, rank, Layout<_2>{}, group_modes<0, 2>(sK),
+                                              group_modes<0, 2>(gK));
+          auto [tVgV2, tVsV2] = tma_partition(params.tma_v_pair, rank, Layout<_2>{}, group_modes<0, 2>(sV),
+                                              group_modes<0, 2>(gV));
+          stream_kv(n_blocks, params.tma_k_pair, tKgK2, tKsK2, params.tma_v_pair, tVgV2, tVsV2, uint16_t(0b11));
+          advance();
+          continue;
+        }
       }
-      load_kv(pipeline_v, v_state, params.tma_v, tVgV(_, 0), tVsV);
+      stream_kv(n_blocks, params.tma_k, tKgK, tKsK, params.tma_v, tVgV, tVsV);
       advance();
+    }
+    if constexpr (!kCausal) {
+      // The other CTA of a pair arrives at this CTA's empty barriers: this one may exit only once
+      // it has (every buffer released).
+      if (params.pair > 1) {
+        pipeline_k.producer_tail(k_state);
+        pipeline_v.producer_tail(v_state);
+      }
     }
   }
 };

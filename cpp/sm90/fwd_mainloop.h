@@ -19,6 +19,7 @@
 #include "fa/params.h"
 #include "sm90/fragments.h"
 #include "sm90/named_barriers.h"
+#include "sm90/pipeline.h"
 #include "sm90/tile_scheduler.h"
 #include "sm90/wgmma.h"
 
@@ -56,7 +57,7 @@ struct ForwardMainloop {
                               KVPipeline& pipeline_v, PipelineState& k_state, PipelineState& v_state,
                               WarpgroupTurns<Config::kMmaWarpgroups> const& turns, int mma_tid,
                               const WorkTile& w, const AttentionMask<kCausal>& mask, int n_blocks,
-                              int own_blocks, AccO& acc_o, Softmax& softmax) {
+                              int own_blocks, AccO& acc_o, Softmax& softmax, int pair) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(Config::query_buffer(smem, q_stage)), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
@@ -101,8 +102,13 @@ struct ForwardMainloop {
       pipeline_v.consumer_wait(v_state);
       gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_o, tOrP, tOrVt(_, _, _, v_state.index()), acc_o);
     };
-    auto release = [](KVPipeline& pipeline, PipelineState& state) {
-      pipeline.consumer_release(state);
+    // A CTA pair (non-causal; fwd_launch.h) releases each buffer to both CTAs' producers.
+    auto release = [&](KVPipeline& pipeline, auto& barriers, PipelineState& state) {
+      if (!kCausal && pair > 1) {
+        release_to_pair(barriers, state.index(), mma_tid % 128);
+      } else {
+        pipeline.consumer_release(state);
+      }
       ++state;
     };
 
@@ -119,7 +125,7 @@ struct ForwardMainloop {
     // later K tiles would deadlock against a producer that needs its buffer for V[n - 1].
     auto release_unread_v = [&]() {
       pipeline_v.consumer_wait(v_state);
-      release(pipeline_v, v_state);
+      release(pipeline_v, smem.pipeline_v, v_state);
     };
     int n = n_blocks - 1;
 #pragma unroll 1
@@ -127,7 +133,7 @@ struct ForwardMainloop {
       wait_k();
       turns.wait();
       turns.pass();
-      release(pipeline_k, k_state);
+      release(pipeline_k, smem.pipeline_k, k_state);
       if (n < n_blocks - 1) release_unread_v();  // V[n + 1]
     }
     if (own_blocks == 0) {
@@ -140,7 +146,7 @@ struct ForwardMainloop {
     s_gemm();
     turns.pass();
     gemm_wait<0>(acc_s);
-    release(pipeline_k, k_state);
+    release(pipeline_k, smem.pipeline_k, k_state);
     if (own_blocks < n_blocks) release_unread_v();  // V[own_blocks], loaded after K[own_blocks - 1]
     if (n >= first_masked) {
       softmax_of(n, cute::true_type{}, AllRows{});
@@ -174,7 +180,7 @@ struct ForwardMainloop {
       o_gemm();  // ... and O += P[n+1] V[n+1] behind it
       turns.pass();
       gemm_wait<1>(acc_s);  // S[n] done; O's GEMM may still run
-      release(pipeline_k, k_state);
+      release(pipeline_k, smem.pipeline_k, k_state);
       if constexpr (Config::kRowsBeforeOWait < 0) {
         softmax_of(n, masked, AllRows{});
         gemm_wait<0>(acc_o);
@@ -188,7 +194,7 @@ struct ForwardMainloop {
         auto scores = rowcol_view(acc_s);
         softmax.template rescale_scores_other_rows<kFirst>(scores, p.scale_log2);
       }
-      release(pipeline_v, v_state);
+      release(pipeline_v, smem.pipeline_v, v_state);
       probs = convert_fragment<Element>(acc_s);
       auto out_rows = rowcol_view(acc_o);
       softmax.rescale_output(out_rows);
@@ -198,7 +204,7 @@ struct ForwardMainloop {
     done_with_query();
     o_gemm();
     gemm_wait<0>(acc_o);
-    release(pipeline_v, v_state);
+    release(pipeline_v, smem.pipeline_v, v_state);
   }
 };
 
