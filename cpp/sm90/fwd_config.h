@@ -78,6 +78,9 @@ struct ForwardConfig {
   using TiledMmaOWarpgroup = decltype(cute::make_tiled_mma(MmaOAtom{}));
 
   using KVPipeline = cutlass::PipelineTmaAsync<kStages>;
+  // Whether the non-causal kernel can run on CTA pairs that share K and V (fwd_launch.h): at
+  // D = 64 (192-row tiles) they measured no faster, and the kernel leaves their code out.
+  static constexpr bool kPairs = kHeadDim >= 128;
 
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);

@@ -96,7 +96,8 @@ inline cudaError_t current_device_sms(int& sms) {
 // K and V tiles; each CTA of the pair loads half of every tile into both (TMA multicast,
 // fwd_load.h), so K and V are read from L2 once per pair. Measured 2–3% faster from 8192 keys at
 // D = 128, 0.5–1.3% at D = 256, level at 4096 keys and below; at D = 64 (192-row tiles, K and V
-// read by more rows) level, so not used there (benchmarks/NOTES.md, session 33).
+// read by more rows) level, so not used there (ForwardConfig::kPairs; benchmarks/NOTES.md,
+// session 33).
 // FA_SM90_FWD_PAIRS=0 launches single CTAs instead.
 //
 // Sets config's cluster attribute (in `attribute`) and returns in `pairs` how many pairs fit on
@@ -185,7 +186,7 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   config.stream = stream;
   cudaLaunchAttribute cluster[1];
   const char* pairs_env = std::getenv("FA_SM90_FWD_PAIRS");
-  if (Config::kHeadDim >= 128 && !dynamic && m_blocks % 2 == 0 && !(pairs_env != nullptr && pairs_env[0] == '0')) {
+  if (Config::kPairs && !dynamic && m_blocks % 2 == 0 && !(pairs_env != nullptr && pairs_env[0] == '0')) {
     int pairs = 0;
     err = max_cta_pairs<Config>(kernel, config, cluster, pairs);
     if (err != cudaSuccess) return err;

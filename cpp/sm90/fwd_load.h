@@ -124,7 +124,7 @@ struct ForwardLoad {
         cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.q_full[q_stage], Config::kQBytes);
         copy(params.tma_q.with(smem.q_full[q_stage]), tQgQ, tQsQ);
       }
-      if constexpr (!kCausal) {
+      if constexpr (!kCausal && Config::kPairs) {
         if (params.pair > 1) {
           const int rank = static_cast<int>(cute::block_rank_in_cluster());
           auto [tKgK2, tKsK2] = tma_partition(params.tma_k_pair, rank, Layout<_2>{}, group_modes<0, 2>(sK),
@@ -139,7 +139,7 @@ struct ForwardLoad {
       stream_kv(n_blocks, params.tma_k, tKgK, tKsK, params.tma_v, tVgV, tVsV);
       advance();
     }
-    if constexpr (!kCausal) {
+    if constexpr (!kCausal && Config::kPairs) {
       // The other CTA of a pair arrives at this CTA's empty barriers: this one may exit only once
       // it has (every buffer released).
       if (params.pair > 1) {

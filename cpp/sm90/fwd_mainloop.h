@@ -104,7 +104,7 @@ struct ForwardMainloop {
     };
     // A CTA pair (non-causal; fwd_launch.h) releases each buffer to both CTAs' producers.
     auto release = [&](KVPipeline& pipeline, auto& barriers, PipelineState& state) {
-      if (!kCausal && pair > 1) {
+      if (!kCausal && Config::kPairs && pair > 1) {
         release_to_pair(barriers, state.index(), mma_tid % 128);
       } else {
         pipeline.consumer_release(state);
