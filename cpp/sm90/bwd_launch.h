@@ -15,7 +15,7 @@
 #include "fa/kernels.h"
 #include "sm90/bwd_config.h"
 #include "sm90/bwd_kernel.h"
-#include "sm90/fwd_launch.h"  // tma_view, current_device_sms
+#include "sm90/fwd_launch.h"  // tma_view, current_device_sms, opt_in_smem
 #include "sm90/row_store.h"
 
 namespace fa::sm90 {
@@ -130,7 +130,8 @@ cudaError_t launch_backward(const BackwardParams& p, cudaStream_t stream) {
 
   auto kernel = &backward_kernel<Config, kCausal, Params>;
   constexpr int kSmem = Config::kSmemBytes;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  static PerDevice smem_opted_in;
+  err = opt_in_smem(smem_opted_in, kernel, kSmem);
   if (err != cudaSuccess) return err;
   // Persistent: about one CTA per SM, each taking key tiles of the order until none is left.
   int sms = 0;

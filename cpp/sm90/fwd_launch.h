@@ -2,6 +2,7 @@
 // descriptors, the persistent grid and the shared-memory opt-in.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 
@@ -79,15 +80,45 @@ auto tma_view(Pointer ptr, Strides s, int seqlen, int head_dim, int heads, int b
                                  usable(s.batch, batch)));
 }
 
-// The current device's SM count: the persistent kernels (forward and backward) launch about one
-// CTA per SM.
+// Host-side facts and settings asked of the CUDA runtime once per device and cached (each runtime
+// call costs host time at every launch, and small calls are bound by it).
 inline constexpr int kMaxDevices = 64;
 
+// A value per device, 0 until set.
+struct PerDevice {
+  std::atomic<int> value[kMaxDevices] = {};
+
+  // value for the current device, computed by ask(int device, int& value) the first time.
+  template <class Ask>
+  cudaError_t get(int& out, Ask&& ask) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    if (device < kMaxDevices && (out = value[device].load(std::memory_order_relaxed)) != 0) return cudaSuccess;
+    err = ask(device, out);
+    if (err == cudaSuccess && device < kMaxDevices) value[device].store(out, std::memory_order_relaxed);
+    return err;
+  }
+};
+
+// The current device's SM count: the persistent kernels (forward and backward) launch about one
+// CTA per SM.
 inline cudaError_t current_device_sms(int& sms) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return err;
+  static PerDevice known;
+  return known.get(sms, [](int device, int& v) {
+    return cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device);
+  });
+}
+
+// Opts `kernel` in to `bytes` of dynamic shared memory on the current device, once per device:
+// `done` is a static of the launcher, so one per kernel.
+template <class Kernel>
+cudaError_t opt_in_smem(PerDevice& done, Kernel kernel, int bytes) {
+  int set = 0;
+  return done.get(set, [&](int, int& v) {
+    v = 1;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  });
 }
 
 // CTA pairs (the non-causal forward at D ≥ 128 over dense batches whose heads have an even number
@@ -110,21 +141,18 @@ cudaError_t max_cta_pairs(Kernel kernel, cudaLaunchConfig_t& config, cudaLaunchA
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  static int known[kMaxDevices] = {};  // per device: pairs + 1, 0 before the first query
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device < kMaxDevices && known[device] > 0) {
-    pairs = known[device] - 1;
-    return cudaSuccess;
-  }
-  const dim3 grid = config.gridDim;
-  config.gridDim = dim3(2, 1, 1);
-  err = cudaOccupancyMaxActiveClusters(&pairs, kernel, &config);
-  config.gridDim = grid;
-  if (err != cudaSuccess) return err;
-  if (device < kMaxDevices) known[device] = pairs + 1;
-  return cudaSuccess;
+  static PerDevice known;  // pairs + 1
+  int known_pairs = 0;
+  const cudaError_t err = known.get(known_pairs, [&](int, int& v) {
+    const dim3 grid = config.gridDim;
+    config.gridDim = dim3(2, 1, 1);
+    const cudaError_t e = cudaOccupancyMaxActiveClusters(&v, kernel, &config);
+    config.gridDim = grid;
+    ++v;
+    return e;
+  });
+  pairs = known_pairs - 1;
+  return err;
 }
 
 template <class Config, bool kCausal>
@@ -142,19 +170,16 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   auto tma_q = make_tma_copy(SM90_TMA_LOAD{},
                              tma_view<Element>(q, p.q_stride, rows_q, p.head_dim, p.heads_q, batches),
                              typename Config::SmemLayoutQ{}, typename Config::TileQ{}, _1{});
-  auto tma_k = make_tma_copy(SM90_TMA_LOAD{},
-                             tma_view<Element>(k, p.k_stride, rows_k, p.head_dim, p.heads_kv, batches),
-                             kv_stage, typename Config::TileKV{}, _1{});
-  auto tma_v = make_tma_copy(SM90_TMA_LOAD{},
-                             tma_view<Element>(v, p.v_stride, rows_k, p.head_dim, p.heads_kv, batches),
-                             kv_stage, typename Config::TileKV{}, _1{});
-  // Half of a K or V tile each, multicast to both CTAs of a pair (fwd_load.h).
-  auto tma_k_pair = make_tma_copy(SM90_TMA_LOAD_MULTICAST{},
-                                  tma_view<Element>(k, p.k_stride, rows_k, p.head_dim, p.heads_kv, batches),
-                                  kv_stage, typename Config::TileKV{}, _2{});
-  auto tma_v_pair = make_tma_copy(SM90_TMA_LOAD_MULTICAST{},
-                                  tma_view<Element>(v, p.v_stride, rows_k, p.head_dim, p.heads_kv, batches),
-                                  kv_stage, typename Config::TileKV{}, _2{});
+  const auto k_view = tma_view<Element>(k, p.k_stride, rows_k, p.head_dim, p.heads_kv, batches);
+  const auto v_view = tma_view<Element>(v, p.v_stride, rows_k, p.head_dim, p.heads_kv, batches);
+  auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, k_view, kv_stage, typename Config::TileKV{}, _1{});
+  auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_view, kv_stage, typename Config::TileKV{}, _1{});
+  // Half of a K or V tile each, multicast to both CTAs of a pair (fwd_load.h): encoded only where
+  // pairs launch (below), left empty otherwise.
+  auto pair_copy = [&](auto const& view) {
+    return make_tma_copy(SM90_TMA_LOAD_MULTICAST{}, view, kv_stage, typename Config::TileKV{}, _2{});
+  };
+  using PairCopy = decltype(pair_copy(k_view));
   auto tma_o = make_tma_copy(SM90_TMA_STORE{},
                              tma_view<Element>(out, p.out_stride, rows_q, p.head_dim, p.heads_q, batches),
                              typename Config::SmemLayoutOWarpgroup{}, typename Config::TileOWarpgroup{}, _1{});
@@ -164,7 +189,7 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
 
   using Params = ForwardKernelParams<decltype(tma_q), decltype(tma_k), decltype(tma_v), decltype(tma_o),
-                                     decltype(tma_k_pair)>;
+                                     PairCopy>;
   // Causal tiles differ in length, and so do a varlen batch's: CTAs then take tiles from a counter.
   const bool dynamic = kCausal || p.cu_seqlens_q != nullptr;
   const int m_blocks = (p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
@@ -173,11 +198,12 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   Params params{p,
                 TileScheduler::make_params(m_blocks, p.heads_q, p.batch, kCausal, kv_bytes_per_head,
                                            dynamic ? p.tile_counter : nullptr),
-                tma_q, tma_k, tma_v, tma_o, 1, tma_k_pair, tma_v_pair};
+                tma_q, tma_k, tma_v, tma_o, 1, PairCopy{}, PairCopy{}};
 
   auto kernel = &forward_kernel<Config, kCausal, Params>;
   constexpr int kSmem = Config::kSmemBytes;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  static PerDevice smem_opted_in;
+  err = opt_in_smem(smem_opted_in, kernel, kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(TileScheduler::grid_size(params.scheduler, sms), 1, 1);
@@ -192,6 +218,8 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     if (pairs > 0) {
       params.pair = 2;
+      params.tma_k_pair = pair_copy(k_view);
+      params.tma_v_pair = pair_copy(v_view);
       config.gridDim.x = std::max(2, std::min<int>(config.gridDim.x, 2 * pairs) / 2 * 2);
     } else {
       config.numAttrs = 0;
