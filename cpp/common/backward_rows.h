@@ -78,29 +78,46 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
   float* lse_log2 = p.lse_log2 != nullptr ? p.lse_log2 + first_row : nullptr;
   float* accum = p.dq_accum + first_row * p.head_dim_rounded;
 
-  for (int pass = 0; pass < Shape::kPasses; ++pass) {
-    const int row = blockIdx.x * Shape::kRowsPerBlock + pass * Shape::kRowsPerPass +
-                    threadIdx.x / Shape::kThreadsPerRow;
-    float dot = 0.f;
-    if (row < seq.seqlen_q && col_ok) {
-      const Vector d = *reinterpret_cast<const Vector*>(dout + row * p.dout_stride.row + col);
-      const Vector o = *reinterpret_cast<const Vector*>(out + row * p.out_stride.row + col);
-      for (int i = 0; i < Shape::kVector; ++i) dot += float(d[i]) * float(o[i]);
-    }
-    for (int offset = Shape::kThreadsPerRow / 2; offset > 0; offset /= 2) {
-      dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-    }
-    if (col == 0) {
-      delta[row] = dot;
-      if (lse_log2 != nullptr) {
-        const float l = row < seq.seqlen_q ? lse[row] : -INFINITY;
-        lse_log2[row] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
+  // The loads of kGroup passes are issued before any of their stores (the compiler cannot move
+  // a load above a store that may alias it), so that a thread has that many rows' loads in flight
+  // instead of one round trip to memory per pass.
+  constexpr int kGroup = Shape::kPasses < 4 ? Shape::kPasses : 4;
+  static_assert(Shape::kPasses % kGroup == 0);
+  auto row_of = [&](int pass) {
+    return blockIdx.x * Shape::kRowsPerBlock + pass * Shape::kRowsPerPass + threadIdx.x / Shape::kThreadsPerRow;
+  };
+  for (int first = 0; first < Shape::kPasses; first += kGroup) {
+    Vector d[kGroup], o[kGroup];
+    float l[kGroup];
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < kGroup; ++g) {
+      const int row = row_of(first + g);
+      d[g].clear();
+      o[g].clear();
+      if (row < seq.seqlen_q && col_ok) {
+        d[g] = *reinterpret_cast<const Vector*>(dout + row * p.dout_stride.row + col);
+        o[g] = *reinterpret_cast<const Vector*>(out + row * p.out_stride.row + col);
       }
+      l[g] = lse_log2 != nullptr && col == 0 && row < seq.seqlen_q ? lse[row] : -INFINITY;
     }
-    if (col >= kHeadDim) continue;  // the group's spare lanes (kHeadDim 96)
-    float4* accum_row = reinterpret_cast<float4*>(accum + int64_t(row) * p.head_dim_rounded + col);
-    accum_row[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-    accum_row[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < kGroup; ++g) {
+      const int row = row_of(first + g);
+      float dot = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < Shape::kVector; ++i) dot += float(d[g][i]) * float(o[g][i]);
+      for (int offset = Shape::kThreadsPerRow / 2; offset > 0; offset /= 2) {
+        dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+      }
+      if (col == 0) {
+        delta[row] = dot;
+        if (lse_log2 != nullptr) lse_log2[row] = l[g] == -INFINITY ? INFINITY : l[g] * float(M_LOG2E);
+      }
+      if (col >= kHeadDim) continue;  // the group's spare lanes (kHeadDim 96)
+      float4* accum_row = reinterpret_cast<float4*>(accum + int64_t(row) * p.head_dim_rounded + col);
+      accum_row[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+      accum_row[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
 }
 
