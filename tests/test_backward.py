@@ -119,6 +119,21 @@ def test_lse_is_not_differentiable(device):
     assert out.requires_grad and not lse.requires_grad
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_op_autograd_matches_the_api(device, causal):
+    # fa.attention trains through its own autograd.Function (api.py); torch.ops.fa.forward is
+    # differentiable by itself through its torch.library registration. Same kernels, same formula:
+    # the same output, and gradients equal up to the order of dQ's (and GQA's dK, dV) additions.
+    q, k, v = random_qkv(1, 4, 2, 70, 90, 64, torch.float16, device)
+    dout = torch.randn_like(q)
+    api = grads_of(lambda a, b, c: fa.attention(a, b, c, causal=causal), q, k, v, dout)
+    op = grads_of(lambda a, b, c: torch.ops.fa.forward(a, b, c, None, causal)[0], q, k, v, dout)
+    assert torch.equal(api[0], op[0])
+    for name, a, b in zip(("dq", "dk", "dv"), api[1:], op[1:]):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3, msg=name)
+        assert a.abs().max() > 0.1, name  # not both zero
+
+
 def test_backward_op_empty_inputs(device):
     q, k, v = random_qkv(1, 2, 2, 0, 10, 64, torch.float16, device)
     out, lse = torch.ops.fa.forward(q, k, v, None, False)

@@ -151,6 +151,21 @@ def test_gradients_mixed_lengths(device, causal, dtype):
     check_backward(q, k, v, LENGTHS_Q, LENGTHS_K, causal)
 
 
+def test_op_autograd_matches_the_api(device):
+    # fa.attention_varlen's autograd.Function (api.py) against torch.ops.fa.forward_varlen's own.
+    lengths_q, lengths_k = [17, 0, 90], [30, 5, 64]
+    q, k, v = packed_qkv(lengths_q, lengths_k, 4, 2, 64, torch.float16, device)
+    cu_q, cu_k = offsets(lengths_q, device), offsets(lengths_k, device)
+    dout = torch.randn_like(q)
+    args = (cu_q, cu_k, max(lengths_q), max(lengths_k))
+    api = grads_of(lambda a, b, c: fa.attention_varlen(a, b, c, *args, causal=True), q, k, v, dout)
+    op = grads_of(lambda a, b, c: torch.ops.fa.forward_varlen(a, b, c, *args, None, True)[0], q, k, v, dout)
+    assert torch.equal(api[0], op[0])
+    for name, a, b in zip(("dq", "dk", "dv"), api[1:], op[1:]):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3, msg=name)
+        assert a.abs().max() > 0.1, name
+
+
 @pytest.mark.parametrize("head_dim", [32, 96, 128, 256])
 def test_gradients_head_dims(device, head_dim):
     lengths_q, lengths_k = [5, 200, 70], [150, 129, 70]

@@ -86,12 +86,26 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
+def attention_backward(grad_out, q, k, v, out, lse, softmax_scale, causal):
+    """dq, dk, dv: the backward of torch.ops.fa.forward, shared by its registration below and
+    fa.attention's autograd.Function (api.py)."""
     # Gradients of reductions arrive expanded (stride 0); the kernels need head_dim contiguous.
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    dq, dk, dv = torch.ops.fa.backward(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
+    return torch.ops.fa.backward.default(grad_out, q, k, v, out, lse, softmax_scale, causal)
+
+
+def varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlens, softmax_scale, causal):
+    """The backward of torch.ops.fa.forward_varlen (its registration and fa.attention_varlen's)."""
+    if grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()
+    return torch.ops.fa.backward_varlen.default(
+        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *max_seqlens, softmax_scale, causal
+    )
+
+
+def _backward(ctx, grad_out, grad_lse):
+    dq, dk, dv = attention_backward(grad_out, *ctx.saved_tensors, ctx.softmax_scale, ctx.causal)
     return dq, dk, dv, None, None
 
 
@@ -109,12 +123,7 @@ def _setup_varlen_context(ctx, inputs, output):
 
 
 def _varlen_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    if grad_out.stride(-1) != 1:
-        grad_out = grad_out.contiguous()
-    dq, dk, dv = torch.ops.fa.backward_varlen(
-        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, ctx.softmax_scale, ctx.causal
-    )
+    dq, dk, dv = varlen_backward(grad_out, *ctx.saved_tensors, ctx.max_seqlens, ctx.softmax_scale, ctx.causal)
     return dq, dk, dv, None, None, None, None, None, None
 
 

@@ -4,6 +4,48 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from ._registration import attention_backward, varlen_backward
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+# fa.attention's and fa.attention_varlen's autograd. The ops are differentiable by themselves
+# (_registration.py registers the same backward with torch.library); the generic wrapper
+# torch.library builds for that costs more host time per call (its forward re-reads the op's
+# schema at every call), which calls of small shapes feel: these two Functions are the lean path.
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal):
+        out, lse = torch.ops.fa.forward.default(q, k, v, scale, causal)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale, ctx.causal = scale, causal
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        dq, dk, dv = attention_backward(grad_out, *ctx.saved_tensors, ctx.scale, ctx.causal)
+        return dq, dk, dv, None, None
+
+
+class _AttentionVarlen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal):
+        out, lse = torch.ops.fa.forward_varlen.default(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal
+        )
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.max_seqlens, ctx.scale, ctx.causal = (max_seqlen_q, max_seqlen_k), scale, causal
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        dq, dk, dv = varlen_backward(grad_out, *ctx.saved_tensors, ctx.max_seqlens, ctx.scale, ctx.causal)
+        return dq, dk, dv, None, None, None, None, None, None
+
 
 def attention(
     q: torch.Tensor,
@@ -37,7 +79,10 @@ def attention(
         ``out`` with q's shape and dtype, or ``(out, lse)`` with ``lse`` of shape ``(B, Hq, Sq)``,
         float32, natural log (``-inf`` for a row that sees no key). ``lse`` is not differentiable.
     """
-    out, lse = torch.ops.fa.forward(q, k, v, scale, causal)
+    if _needs_grad(q, k, v):
+        out, lse = _Attention.apply(q, k, v, scale, causal)
+    else:
+        out, lse = torch.ops.fa.forward.default(q, k, v, scale, causal)
     return (out, lse) if return_lse else out
 
 
@@ -79,9 +124,11 @@ def attention_varlen(
     Returns:
         ``out`` ``(total_q, Hq, D)`` (contiguous), or ``(out, lse)``.
     """
-    out, lse = torch.ops.fa.forward_varlen(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal
-    )
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal)
+    if _needs_grad(q, k, v):
+        out, lse = _AttentionVarlen.apply(*args)
+    else:
+        out, lse = torch.ops.fa.forward_varlen.default(*args)
     return (out, lse) if return_lse else out
 
 
