@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include <cuda_runtime_api.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>  // aoti_torch_get_current_cuda_stream (USE_CUDA)

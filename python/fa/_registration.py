@@ -77,6 +77,8 @@ def _forward_kvcache_fake(q, k_cache, v_cache, cache_seqlens, page_table=None, s
     return out, lse
 
 
+# The autograd of the ops, used by torch.library's registration below and by fa.attention's and
+# fa.attention_varlen's own autograd.Functions (api.py): setup_context and backward alike.
 def _setup_context(ctx, inputs, output):
     q, k, v, softmax_scale, causal = inputs
     out, lse = output
@@ -86,26 +88,12 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def attention_backward(grad_out, q, k, v, out, lse, softmax_scale, causal):
-    """dq, dk, dv: the backward of torch.ops.fa.forward, shared by its registration below and
-    fa.attention's autograd.Function (api.py)."""
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
     # Gradients of reductions arrive expanded (stride 0); the kernels need head_dim contiguous.
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    return torch.ops.fa.backward.default(grad_out, q, k, v, out, lse, softmax_scale, causal)
-
-
-def varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlens, softmax_scale, causal):
-    """The backward of torch.ops.fa.forward_varlen (its registration and fa.attention_varlen's)."""
-    if grad_out.stride(-1) != 1:
-        grad_out = grad_out.contiguous()
-    return torch.ops.fa.backward_varlen.default(
-        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *max_seqlens, softmax_scale, causal
-    )
-
-
-def _backward(ctx, grad_out, grad_lse):
-    dq, dk, dv = attention_backward(grad_out, *ctx.saved_tensors, ctx.softmax_scale, ctx.causal)
+    dq, dk, dv = torch.ops.fa.backward(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
     return dq, dk, dv, None, None
 
 
@@ -123,7 +111,12 @@ def _setup_varlen_context(ctx, inputs, output):
 
 
 def _varlen_backward(ctx, grad_out, grad_lse):
-    dq, dk, dv = varlen_backward(grad_out, *ctx.saved_tensors, ctx.max_seqlens, ctx.softmax_scale, ctx.causal)
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    if grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()
+    dq, dk, dv = torch.ops.fa.backward_varlen(
+        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, ctx.softmax_scale, ctx.causal
+    )
     return dq, dk, dv, None, None, None, None, None, None
 
 

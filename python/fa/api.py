@@ -4,47 +4,35 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ._registration import attention_backward, varlen_backward
+from ._registration import _backward, _setup_context, _setup_varlen_context, _varlen_backward
 
 
 def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-# fa.attention's and fa.attention_varlen's autograd. The ops are differentiable by themselves
-# (_registration.py registers the same backward with torch.library); the generic wrapper
-# torch.library builds for that costs more host time per call (its forward re-reads the op's
-# schema at every call), which calls of small shapes feel: these two Functions are the lean path.
+# fa.attention's and fa.attention_varlen's autograd: the ops' own context setup and backward
+# (_registration.py, which registers them with torch.library for callers of the ops) in plain
+# autograd.Functions. torch.library's generic wrapper costs more host time per call (its forward
+# re-reads the op's schema at every call), which calls of small shapes feel.
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal):
-        out, lse = torch.ops.fa.forward.default(q, k, v, scale, causal)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal = scale, causal
-        ctx.mark_non_differentiable(lse)
-        return out, lse
+    def forward(q, k, v, scale, causal):
+        return torch.ops.fa.forward.default(q, k, v, scale, causal)
 
-    @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        dq, dk, dv = attention_backward(grad_out, *ctx.saved_tensors, ctx.scale, ctx.causal)
-        return dq, dk, dv, None, None
+    setup_context = staticmethod(_setup_context)
+    backward = staticmethod(_backward)
 
 
 class _AttentionVarlen(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal):
-        out, lse = torch.ops.fa.forward_varlen.default(
+    def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal):
+        return torch.ops.fa.forward_varlen.default(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal
         )
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.max_seqlens, ctx.scale, ctx.causal = (max_seqlen_q, max_seqlen_k), scale, causal
-        ctx.mark_non_differentiable(lse)
-        return out, lse
 
-    @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        dq, dk, dv = varlen_backward(grad_out, *ctx.saved_tensors, ctx.max_seqlens, ctx.scale, ctx.causal)
-        return dq, dk, dv, None, None, None, None, None, None
+    setup_context = staticmethod(_setup_varlen_context)
+    backward = staticmethod(_varlen_backward)
 
 
 def attention(
