@@ -134,6 +134,35 @@ def test_op_autograd_matches_the_api(device, causal):
         assert a.abs().max() > 0.1, name  # not both zero
 
 
+@pytest.mark.parametrize("entry", ["api", "op"])
+def test_backward_runs_no_op_for_the_lse_gradient(device, entry):
+    # lse is not differentiable: the backward must not have autograd build a tensor of zeros for
+    # its gradient (an allocation and a fill kernel at every backward, on the host's critical
+    # path; materialize_grads is off). The backward runs fa's kernels and allocations, nothing else.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 2, 2, 33, 33, 64, torch.float16, device))
+    if entry == "api":
+        out, lse = fa.attention(q, k, v, return_lse=True)
+    else:
+        out, lse = torch.ops.fa.forward(q, k, v, None, False)
+    dout = torch.randn_like(out)
+    with Ops() as ops:
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert all(g.abs().max() > 0 for g in grads)
+    assert "fa.backward.default" in ops.seen, ops.seen
+    assert not [op for op in ops.seen if "zero" in op or "fill" in op], ops.seen
+
+
 def test_backward_op_empty_inputs(device):
     q, k, v = random_qkv(1, 2, 2, 0, 10, 64, torch.float16, device)
     out, lse = torch.ops.fa.forward(q, k, v, None, False)

@@ -79,6 +79,9 @@ def _forward_kvcache_fake(q, k_cache, v_cache, cache_seqlens, page_table=None, s
 
 # The autograd of the ops, used by torch.library's registration below and by fa.attention's and
 # fa.attention_varlen's own autograd.Functions (api.py): setup_context and backward alike.
+# lse is not differentiable, so its gradient is never used: with materialize_grads off, autograd
+# passes None for it instead of allocating and filling a tensor of zeros at every backward (one
+# more allocation and kernel launch on the host's path to the backward's kernels).
 def _setup_context(ctx, inputs, output):
     q, k, v, softmax_scale, causal = inputs
     out, lse = output
@@ -86,9 +89,12 @@ def _setup_context(ctx, inputs, output):
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
+    if grad_out is None:  # out took no part in what is differentiated (grads are not materialised)
+        return None, None, None, None, None
     q, k, v, out, lse = ctx.saved_tensors
     # Gradients of reductions arrive expanded (stride 0); the kernels need head_dim contiguous.
     if grad_out.stride(-1) != 1:
@@ -108,9 +114,12 @@ def _setup_varlen_context(ctx, inputs, output):
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
 
 
 def _varlen_backward(ctx, grad_out, grad_lse):
+    if grad_out is None:
+        return (None,) * 9
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
