@@ -99,7 +99,7 @@ def _backward(ctx, grad_out, grad_lse):
     # Gradients of reductions arrive expanded (stride 0); the kernels need head_dim contiguous.
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    dq, dk, dv = torch.ops.fa.backward(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
+    dq, dk, dv = torch.ops.fa.backward.default(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
     return dq, dk, dv, None, None
 
 
@@ -123,7 +123,7 @@ def _varlen_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    dq, dk, dv = torch.ops.fa.backward_varlen(
+    dq, dk, dv = torch.ops.fa.backward_varlen.default(
         grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, ctx.softmax_scale, ctx.causal
     )
     return dq, dk, dv, None, None, None, None, None, None
