@@ -10,7 +10,10 @@ calls; a sample of nvidia-smi counts for the window it falls in. "Mcycles/call" 
 times the mean SM clock: level between two implementations while their ms differ means the
 slower one runs at a lower clock (power), not that it does more work a cycle. nvidia-smi's
 readings are averages over its own update period (about 20-100 ms), so a window should be
-seconds long.
+seconds long. "mJ/call" (back to back only) is NVML's energy counter over the window per call:
+two kernels held at the power limit run at whatever clock their power allows, so their times
+stand as their energies per call, and a kernel that needs fewer cycles gains only what those
+cycles cost in energy (benchmarks/NOTES.md, session 36).
 
 --flush none,write,read times the same calls three ways: back to back (none); with do_bench's L2
 flush before each call (write: a 256 MB buffer zeroed, L2 left full of dirty lines; only the call
@@ -19,6 +22,7 @@ left clean).
 """
 
 import argparse
+import ctypes
 import itertools
 import statistics
 import subprocess
@@ -31,6 +35,31 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402
+
+
+class EnergyCounter:
+    """NVML's energy counter of the current GPU (millijoules since the driver loaded), read through
+    ctypes from the driver's library; open() gives None where the library or the counter is missing."""
+
+    @classmethod
+    def open(cls):
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError:
+            return None
+        device = ctypes.c_void_p()
+        if lib.nvmlInit_v2() != 0 or lib.nvmlDeviceGetHandleByIndex_v2(torch.cuda.current_device(), ctypes.byref(device)) != 0:
+            return None
+        counter = cls(lib, device)
+        return counter if counter.read() is not None else None
+
+    def __init__(self, lib, device):
+        self.lib, self.device = lib, device
+
+    def read(self):
+        value = ctypes.c_ulonglong()
+        status = self.lib.nvmlDeviceGetTotalEnergyConsumption(self.device, ctypes.byref(value))
+        return value.value if status == 0 else None
 
 
 class Sampler:
@@ -91,14 +120,17 @@ def flushed_window(call, seconds, flush):
     return statistics.median(times), t0 + 0.3, time.monotonic()
 
 
-def window(call, seconds, flush="none"):
-    """Calls back to back for about `seconds`: (ms per call, wall start, wall end)."""
+def window(call, seconds, flush="none", energy=None):
+    """Calls back to back for about `seconds`: (ms per call, wall start, wall end, mJ per call).
+    The energy per call (from `energy`, an EnergyCounter) only back to back (None otherwise): at
+    the card's power limit it is what sets a call's time (benchmarks/NOTES.md, session 36)."""
     if flush != "none":
-        return flushed_window(call, seconds, flush)
+        return (*flushed_window(call, seconds, flush), None)
     call()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0 = time.monotonic()
+    mj = energy.read() if energy else None
     start.record()
     calls = 0
     while time.monotonic() - t0 < seconds:
@@ -109,7 +141,9 @@ def window(call, seconds, flush="none"):
             torch.cuda.synchronize()  # keep the CPU's clock and the GPU's work together
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls, t0 + 0.3, time.monotonic()  # the first 0.3 s: ramp
+    if mj is not None:
+        mj = (energy.read() - mj) / calls
+    return start.elapsed_time(end) / calls, t0 + 0.3, time.monotonic(), mj  # the first 0.3 s: ramp
 
 
 def main(argv=None) -> int:
@@ -125,8 +159,9 @@ def main(argv=None) -> int:
                    help="comma-separated: none (back to back), write (do_bench's L2 flush before each call), read")
     args = p.parse_args(argv)
     sampler = Sampler()
-    print("| dtype | shape (B, H, S, D) | causal | mode | flush | impl | round | ms/call | SM MHz | W | Mcycles/call | samples |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    energy = EnergyCounter.open()
+    print("| dtype | shape (B, H, S, D) | causal | mode | flush | impl | round | ms/call | SM MHz | W | Mcycles/call | mJ/call | samples |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     causal_values = [False, True] if args.causal == "both" else [args.causal == "1"]
     try:
         for dtype in args.dtype.split(","):
@@ -141,10 +176,11 @@ def main(argv=None) -> int:
                     rounds = [(flush, r) for flush in args.flush.split(",") for r in range(args.rounds)]
                     for (flush, r), (impl, call) in itertools.product(rounds, calls.items()):
                         with bench.kernel_family(impl):
-                            ms, t0, t1 = window(call, args.seconds, flush)
+                            ms, t0, t1, mj = window(call, args.seconds, flush, energy)
                         mhz, watts, n = sampler.between(t0, t1)
+                        mj = "" if mj is None else f"{mj:.1f}"
                         print(f"| {dtype} | {shape} | {int(causal)} | {args.mode} | {flush} | {impl} | {r + 1} | {ms:.3f} | "
-                              f"{mhz:.0f} | {watts:.0f} | {ms * mhz / 1e3:.3f} | {n} |", flush=True)
+                              f"{mhz:.0f} | {watts:.0f} | {ms * mhz / 1e3:.3f} | {mj} | {n} |", flush=True)
                     del inputs, calls
                     torch.cuda.empty_cache()
     finally:

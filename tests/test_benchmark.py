@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench  # noqa: E402
 import profile_ncu as fa_profile  # noqa: E402
 import decode_suite  # noqa: E402
+import sustained  # noqa: E402
 import varlen_suite  # noqa: E402
 
 
@@ -73,6 +74,17 @@ def test_arguments():
                for c in sweep)
     with pytest.raises(SystemExit):
         bench.parse_args(["--impl", "fa,bogus"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="sustained runs need a GPU (and nvidia-smi)")
+def test_sustained_rows_carry_the_energy_per_call(capsys):
+    assert sustained.main(["--shapes", "1,2,256,64", "--impl", "fa", "--seconds", "0.5", "--rounds", "1",
+                           "--flush", "none,write"]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| float16")]
+    by_flush = {row[5].strip(): row for row in rows}
+    assert set(by_flush) == {"none", "write"}
+    assert float(by_flush["none"][8]) > 0 and float(by_flush["none"][12]) >= 0  # ms, mJ per call
+    assert by_flush["write"][12].strip() == ""  # a flushed window's energy includes the flushes
 
 
 def test_varlen_suite_batch_and_flops():
