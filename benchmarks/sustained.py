@@ -37,29 +37,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402
 
 
-class EnergyCounter:
-    """NVML's energy counter of the current GPU (millijoules since the driver loaded), read through
-    ctypes from the driver's library; open() gives None where the library or the counter is missing."""
+def energy_counter():
+    """A function that reads NVML's energy counter of the current GPU (millijoules since the driver
+    loaded), through ctypes from the driver's library; None where the library or the counter is missing."""
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    device = ctypes.c_void_p()
+    if lib.nvmlInit_v2() != 0:
+        return None
+    if lib.nvmlDeviceGetHandleByIndex_v2(torch.cuda.current_device(), ctypes.byref(device)) != 0:
+        return None
 
-    @classmethod
-    def open(cls):
-        try:
-            lib = ctypes.CDLL("libnvidia-ml.so.1")
-        except OSError:
-            return None
-        device = ctypes.c_void_p()
-        if lib.nvmlInit_v2() != 0 or lib.nvmlDeviceGetHandleByIndex_v2(torch.cuda.current_device(), ctypes.byref(device)) != 0:
-            return None
-        counter = cls(lib, device)
-        return counter if counter.read() is not None else None
-
-    def __init__(self, lib, device):
-        self.lib, self.device = lib, device
-
-    def read(self):
+    def read():
         value = ctypes.c_ulonglong()
-        status = self.lib.nvmlDeviceGetTotalEnergyConsumption(self.device, ctypes.byref(value))
-        return value.value if status == 0 else None
+        return value.value if lib.nvmlDeviceGetTotalEnergyConsumption(device, ctypes.byref(value)) == 0 else None
+
+    return read if read() is not None else None
 
 
 class Sampler:
@@ -122,15 +117,15 @@ def flushed_window(call, seconds, flush):
 
 def window(call, seconds, flush="none", energy=None):
     """Calls back to back for about `seconds`: (ms per call, wall start, wall end, mJ per call).
-    The energy per call (from `energy`, an EnergyCounter) only back to back (None otherwise): at
-    the card's power limit it is what sets a call's time (benchmarks/NOTES.md, session 36)."""
+    The energy per call (read by `energy`, from energy_counter()) only back to back (None
+    otherwise): at the card's power limit it is what sets a call's time (NOTES.md, session 36)."""
     if flush != "none":
         return (*flushed_window(call, seconds, flush), None)
     call()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0 = time.monotonic()
-    mj = energy.read() if energy else None
+    mj = energy() if energy else None
     start.record()
     calls = 0
     while time.monotonic() - t0 < seconds:
@@ -142,7 +137,7 @@ def window(call, seconds, flush="none", energy=None):
     end.record()
     torch.cuda.synchronize()
     if mj is not None:
-        mj = (energy.read() - mj) / calls
+        mj = (energy() - mj) / calls
     return start.elapsed_time(end) / calls, t0 + 0.3, time.monotonic(), mj  # the first 0.3 s: ramp
 
 
@@ -159,7 +154,7 @@ def main(argv=None) -> int:
                    help="comma-separated: none (back to back), write (do_bench's L2 flush before each call), read")
     args = p.parse_args(argv)
     sampler = Sampler()
-    energy = EnergyCounter.open()
+    energy = energy_counter()
     print("| dtype | shape (B, H, S, D) | causal | mode | flush | impl | round | ms/call | SM MHz | W | Mcycles/call | mJ/call | samples |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     causal_values = [False, True] if args.causal == "both" else [args.causal == "1"]
