@@ -100,6 +100,27 @@ def test_large_magnitudes(device, dtype):
     check_forward(q, k, v, causal=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("profile", ["ramp", "jump"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_scores_that_rise_across_key_tiles(device, dtype, profile, causal):
+    # The kernels walk a row's key tiles from the last one and move the row's reference max only
+    # when a tile's scores exceed it by more than a factor 2^8 (common/online_softmax.h). "ramp":
+    # scores that rise towards the first keys by ~7 in exp2's units per 128 keys, so the reference
+    # lags the true max and the probabilities reach up to 256 before the division; "jump": the
+    # first five keys score 60 above the rest (86 in exp2's units), so O is rescaled in the last
+    # tile walked, by ~2^-86.
+    b, h, sq, sk, d = 1, 2, 200, 1000, 64
+    q, k, v = random_qkv(b, h, h, sq, sk, d, torch.float32, "cpu", seed=11)
+    keys = torch.arange(sk, dtype=torch.float32)
+    offset = 40.0 * (1.0 - keys / sk) if profile == "ramp" else torch.where(keys < 5, 60.0, 0.0)
+    # score(i, j) = q_i · k_j / sqrt(d): dimension 0 adds offset(j) to every row's scores.
+    q[..., 0] = 8.0
+    k[..., 0] = offset * math.sqrt(d) / 8.0
+    q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
+    check_forward(q, k, v, causal=causal)
+
+
 def test_custom_scale(device):
     q, k, v = random_qkv(1, 2, 2, 100, 100, 64, torch.float16, device)
     check_forward(q, k, v, causal=False, scale=0.37)

@@ -9,6 +9,14 @@
 // each probability costs one FFMA and one MUFU.EX2: exp2(s · scale_log2 - m · scale_log2).
 // This needs scale > 0, which the binding checks, so that the max of s is the max of s · scale.
 //
+// m need not be the exact running max: any reference works, as long as O and l use the same one
+// (the final O / l and m · scale + log l do not depend on it). The reference moves only when a
+// tile's scores exceed it by more than kRescaleThreshold in exp2's units, so that the
+// probabilities stay below 2^kRescaleThreshold (fp16 holds up to 65504; l and O are fp32). Then O
+// is rescaled (a multiply per accumulator element, 64-128 a thread and tile) in the few tiles where
+// a row's scores jump, not in every tile that holds a new max by any margin: with scores of
+// similar size that is the first tile of a row only.
+//
 // Scores and accumulators come as "row-column" views: mode 0 runs over the rows this thread holds
 // values of, mode 1 over its values in a row. The values of one row are spread over the
 // kThreadsPerRow lanes of a quad (mma.sync's and wgmma's accumulator layouts alike), so
@@ -47,17 +55,22 @@ struct OnlineSoftmax {
     for (int r = 0; r < kRows; ++r) {
       row_max[r] = -INFINITY;
       row_sum[r] = 0.f;
+      max_scaled_[r] = 0.f;
+      limit_[r] = -INFINITY;
     }
   }
 
+  // How far (in exp2's units: a factor 2^8 = 256) a row's scores may exceed its reference max
+  // before the reference moves to them and O is rescaled.
+  static constexpr float kRescaleThreshold = 8.f;
+
   // Folds a tile of raw scores (rows × keys) into the running statistics: scores become the
   // unnormalised probabilities exp(scale · (s - m')), and acc_o (rows × head_dim) is rescaled by
-  // exp(scale · (m - m')) where a row's max moved.
-  // kMayBeEmpty: some row of the tile may have every score at -inf (masked), so its max is -inf and
-  // must not be subtracted (-inf - -inf is NaN); such a row's probabilities are then all 0.
-  template <bool kMayBeEmpty, class Scores, class AccO>
+  // exp(scale · (m - m')) where a row's reference max m moved. A row may have every score at -inf
+  // (masked) so far: its probabilities are then all 0.
+  template <class Scores, class AccO>
   CUTE_DEVICE void update(Scores& scores, AccO& acc_o, float scale_log2) {
-    advance_max<kMayBeEmpty>(scores, scale_log2);
+    advance_max(scores, scale_log2);
     rescale_output(acc_o);
     exponentiate(scores, scale_log2);
   }
@@ -68,9 +81,9 @@ struct OnlineSoftmax {
   // With kFirstRows < kRows, rescale_scores() computes the new maxima but only the first kFirstRows
   // rows' probabilities, and rescale_scores_other_rows() the rest (for a mainloop that waits for
   // O's GEMM between the two).
-  template <bool kMayBeEmpty, int kFirstRows = kRows, class Scores>
+  template <int kFirstRows = kRows, class Scores>
   CUTE_DEVICE void rescale_scores(Scores& scores, float scale_log2) {
-    advance_max<kMayBeEmpty>(scores, scale_log2);
+    advance_max(scores, scale_log2);
     exponentiate<0, kFirstRows>(scores, scale_log2);
   }
   template <int kFirstRows, class Scores>
@@ -79,9 +92,9 @@ struct OnlineSoftmax {
   }
 
   // Rescales acc_o by the corrections of the last rescale_scores(). Rescaling O is a multiply per
-  // accumulator element. Where a row's max did not move its correction is exactly 1, so the warp
-  // skips the multiplies when none of its rows moved: the common case once a long row has seen its
-  // largest scores. The test is warp-uniform.
+  // accumulator element. Where a row's reference max did not move its correction is exactly 1, so
+  // the warp skips the multiplies when none of its rows moved: every tile but a row's first, unless
+  // its scores jump by more than kRescaleThreshold. The test is warp-uniform.
   template <class AccO>
   CUTE_DEVICE void rescale_output(AccO& acc_o) {
     using namespace cute;
@@ -111,12 +124,15 @@ struct OnlineSoftmax {
   }
 
  private:
-  float max_scaled_[kRows];  // the new row max times scale_log2 (0 for a row that is still empty)
-  float correction_[kRows];  // exp2 of (old max - new max) · scale_log2, for O and the row sum
+  float max_scaled_[kRows];  // the reference max times scale_log2 (0 for a row that is still empty)
+  float limit_[kRows];       // the reference max plus kRescaleThreshold / scale_log2 (-inf when empty)
+  float correction_[kRows];  // exp2 of (old reference - new reference) · scale_log2, for O and the row sum
   bool max_moved_ = false;
 
-  // The new row maxima; the row sums take their corrections at once, O in rescale_output().
-  template <bool kMayBeEmpty, class Scores>
+  // The new reference maxima (row_max); the row sums take their corrections at once, O in
+  // rescale_output(). The test against limit_ (unscaled) puts one compare and one select between
+  // a row's max and its exponentials, where the exact running max put a multiply.
+  template <class Scores>
   CUTE_DEVICE void advance_max(Scores& scores, float scale_log2) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == kRows);
@@ -127,11 +143,18 @@ struct OnlineSoftmax {
       CUTE_UNROLL
       for (int c = 0; c < size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
       tile_max = quad_allreduce(tile_max, MaxOp{});
-      max_scaled_[r] = (kMayBeEmpty && tile_max == -INFINITY) ? 0.f : tile_max * scale_log2;
-      // The first tile has row_max -inf: the correction is exp2(-inf) = 0 on an all-zero acc_o.
-      const float correction = exp2f(row_max[r] * scale_log2 - max_scaled_[r]);
-      max_moved_ |= tile_max != row_max[r];
-      row_max[r] = tile_max;
+      // A row's first finite scores always move the reference (past a limit of -inf; the
+      // correction exp2(-inf) = 0 falls on an all-zero acc_o); a row still all -inf (masked) never
+      // does, and keeps max_scaled_ 0, so its probabilities are exp2(-inf) = 0.
+      const bool move = tile_max > limit_[r];
+      const float scaled = tile_max * scale_log2;
+      const float correction = move ? exp2f(row_max[r] * scale_log2 - scaled) : 1.f;
+      if (move) {
+        row_max[r] = tile_max;
+        max_scaled_[r] = scaled;
+        limit_[r] = tile_max + kRescaleThreshold / scale_log2;
+      }
+      max_moved_ |= move;
       row_sum[r] *= correction;
       correction_[r] = correction;
     }

@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     auto out_rows = rowcol_view(acc_o);
     auto scores = rowcol_view(acc_s);
     // A masked slice may hide every key of a row (past the cache's end, or its diagonal).
-    softmax.template update<kMasked>(scores, out_rows, params.scale_log2);
+    softmax.update(scores, out_rows, params.scale_log2);
 
     Tensor probs = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));

@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(Config::kThreads)
 
     auto scores = rowcol_view(acc_s);
     auto out_rows = rowcol_view(acc_o);
-    softmax.template update<kCausal && kMasked>(scores, out_rows, params.scale_log2);
+    softmax.update(scores, out_rows, params.scale_log2);
 
     Tensor probs = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));

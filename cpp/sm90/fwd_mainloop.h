@@ -84,12 +84,8 @@ struct ForwardMainloop {
     auto softmax_of = [&](int n, auto masked, auto first_rows) {
       constexpr int kFirstRows = decltype(first_rows)::value;
       auto scores = rowcol_view(acc_s);
-      if constexpr (decltype(masked)::value) {
-        mask.apply_rows(scores, rowcol_view(tScS), row0, n * kBlockN);
-        softmax.template rescale_scores<kCausal, kFirstRows>(scores, p.scale_log2);
-      } else {
-        softmax.template rescale_scores<false, kFirstRows>(scores, p.scale_log2);
-      }
+      if constexpr (decltype(masked)::value) mask.apply_rows(scores, rowcol_view(tScS), row0, n * kBlockN);
+      softmax.template rescale_scores<kFirstRows>(scores, p.scale_log2);
     };
     using AllRows = cute::Int<Softmax::kRowCount>;
     // K[n] is waited for before the turn: a warpgroup that holds the turn while its K tile is still
