@@ -13,7 +13,7 @@
 // (the final O / l and m · scale + log l do not depend on it). The reference moves only when a
 // tile's scores exceed it by more than kRescaleThreshold in exp2's units, so that the
 // probabilities stay below 2^kRescaleThreshold (fp16 holds up to 65504; l and O are fp32). Then O
-// is rescaled (a multiply per accumulator element, 64-128 a thread and tile) in the few tiles where
+// is rescaled (a multiply per accumulator element, 32-128 a thread and tile) in the few tiles where
 // a row's scores jump, not in every tile that holds a new max by any margin: with scores of
 // similar size that is the first tile of a row only.
 //
