@@ -130,8 +130,9 @@ struct OnlineSoftmax {
   bool max_moved_ = false;
 
   // The new reference maxima (row_max); the row sums take their corrections at once, O in
-  // rescale_output(). The test against limit_ (unscaled) puts one compare and one select between
-  // a row's max and its exponentials, where the exact running max put a multiply.
+  // rescale_output(). The test against limit_ (unscaled) runs beside the multiply by scale_log2,
+  // so between a row's max and its exponentials there is one instruction more than with the exact
+  // running max: the select of the new or the old reference (measured 0.9-1.7% at D = 64).
   template <class Scores>
   CUTE_DEVICE void advance_max(Scores& scores, float scale_log2) {
     using namespace cute;
