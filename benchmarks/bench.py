@@ -7,9 +7,11 @@
     python benchmarks/bench.py --suite decode       # decoding against a KV cache (decode_suite.py)
 
 Each implementation is timed with CUDA events (triton.testing.do_bench, median of warmed-up
-repeats). TFLOP/s counts 4·B·H·Sq·Sk·D for the forward (two matmuls of 2·Sq·Sk·D each), halved
-when causal, and 2.5x that for the backward (five matmuls). Every fa result is checked against
-SDPA's in the same run; a mismatch fails the run, so a wrong kernel never yields a fast number.
+repeats), in --rounds rounds per case with the implementations in a rotated order each round; the
+median of the rounds is reported (see round_orders). TFLOP/s counts 4·B·H·Sq·Sk·D for the forward
+(two matmuls of 2·Sq·Sk·D each), halved when causal, and 2.5x that for the backward (five
+matmuls). Every fa result is checked against SDPA's in the same run; a mismatch fails the run, so
+a wrong kernel never yields a fast number.
 """
 
 import argparse
@@ -19,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -195,12 +198,12 @@ def scores_bytes(case: Case) -> int:
     return b * h * s * s * 4 * copies
 
 
-def time_ms(fn: Callable[[], object]) -> float:
-    """Median milliseconds of fn over warmed-up repeats, timed with CUDA events."""
+def time_ms(fn: Callable[[], object], warmup: int = 50, rep: int = 300) -> float:
+    """Median milliseconds of fn over warmed-up repeats (warmup and rep in ms), timed with CUDA events."""
     try:
         from triton.testing import do_bench
 
-        return float(do_bench(fn, warmup=50, rep=300, return_mode="median"))
+        return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
     except ImportError:
         fn()
         torch.cuda.synchronize()
@@ -213,6 +216,25 @@ def time_ms(fn: Callable[[], object]) -> float:
             end.synchronize()
             times.append(start.elapsed_time(end))
         return sorted(times)[len(times) // 2]
+
+
+# Rounds: each case times its implementations `rounds` times, in a rotated order each round, and
+# reports the median of the rounds' medians. Measured on an H100 (benchmarks/NOTES.md, session 39):
+# with one pass in a fixed order, the same kernel read up to 13% apart in processes that ran the
+# implementations in different orders (the card runs at its power limit; what ran just before
+# sets its temperature and clock), so an implementation timed in a favourable place could win by
+# a few percent that are not its own.
+DEFAULT_ROUNDS = 3
+ROUND_WARMUP_MS = 25
+ROUND_REP_MS = 100
+
+
+def round_orders(impls: Sequence[str], rounds: int) -> List[List[str]]:
+    """The order of each round: impls rotated by an even share of their count per round, so that
+    each implementation runs at a different place each round (first after the last case, or later)."""
+    n = len(impls)
+    shifts = [(r * n) // rounds if rounds <= n else r % n for r in range(rounds)] if n else [0] * rounds
+    return [list(impls[s:]) + list(impls[:s]) for s in shifts]
 
 
 def make_inputs(case: Case, device="cuda", requires_grad=False):
@@ -242,7 +264,8 @@ def case_call(case: Case, fn: Callable, inputs) -> Callable[[], object]:
     return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
 
-def run_case(case: Case, impl: str, fn: Callable, inputs) -> Tuple[float, float, torch.Tensor]:
+def run_case(case: Case, impl: str, fn: Callable, inputs, warmup: int = 50,
+             rep: int = 300) -> Tuple[float, float, torch.Tensor]:
     """Times one implementation on one case: (ms, peak extra MB, output or gradients)."""
     call = case_call(case, fn, inputs)
     torch.cuda.synchronize()
@@ -251,7 +274,7 @@ def run_case(case: Case, impl: str, fn: Callable, inputs) -> Tuple[float, float,
     result = call()
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
-    ms = time_ms(call)
+    ms = time_ms(call, warmup=warmup, rep=rep)
     result = result.detach() if case.mode == "fwd" else torch.cat([g.flatten() for g in result])
     return ms, extra / 2**20, result
 
@@ -261,8 +284,10 @@ def relative_mismatch(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.float() - ref.float()).abs().max() / scale).item()
 
 
-def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None) -> Tuple[List[Result], List[str]]:
-    """Runs every impl on every case; returns the results and the fa mismatches found."""
+def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None,
+              rounds: int = DEFAULT_ROUNDS) -> Tuple[List[Result], List[str]]:
+    """Runs every impl on every case, `rounds` times in rotated orders (round_orders); a result's
+    time is the median of its rounds'. Returns the results and the fa mismatches found."""
     results, mismatches = [], []
     free_bytes = torch.cuda.mem_get_info()[0]
     fns, unavailable = {}, {}
@@ -271,27 +296,40 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None) -> Tup
             fns[name] = make_impl(name)
         except ImportError as err:  # FA3 not installed: skipped with a note
             unavailable[name] = f"not importable: {err}"
+    warmup, rep = (50, 300) if rounds == 1 else (ROUND_WARMUP_MS, ROUND_REP_MS)
     for case in cases:
         inputs = make_inputs(case, requires_grad=case.mode == "bwd")
         outputs: Dict[str, torch.Tensor] = {}
-        case_results = []
+        by_impl = {impl: Result(case, impl) for impl in impls}
+        times: Dict[str, List[float]] = {impl: [] for impl in impls}
         for impl in impls:
-            res = Result(case, impl)
             if impl in unavailable:
-                res.note = unavailable[impl]
+                by_impl[impl].note = unavailable[impl]
             elif materialises_scores(impl) and scores_bytes(case) > 0.8 * free_bytes:
-                res.note = f"skipped: S x S needs ~{scores_bytes(case) / 2**30:.0f} GiB"
-            else:
-                try:
-                    with kernel_family(impl):
-                        res.ms, res.extra_mem_mb, outputs[impl] = run_case(case, impl, fns[impl], inputs)
-                    res.tflops = tflops(case, res.ms)
-                except (RuntimeError, torch.cuda.OutOfMemoryError) as err:  # backend not available
-                    res.note = f"unavailable: {str(err).splitlines()[0][:80]}"
-                    torch.cuda.empty_cache()
-            case_results.append(res)
-            if progress:
-                progress()
+                by_impl[impl].note = f"skipped: S x S needs ~{scores_bytes(case) / 2**30:.0f} GiB"
+        for order in round_orders(impls, rounds):
+            for impl in order:
+                res = by_impl[impl]
+                if not res.note:
+                    try:
+                        with kernel_family(impl):
+                            ms, extra, out = run_case(case, impl, fns[impl], inputs, warmup=warmup, rep=rep)
+                        times[impl].append(ms)
+                        if impl not in outputs:
+                            res.extra_mem_mb, outputs[impl] = extra, out
+                        del out
+                    except (RuntimeError, torch.cuda.OutOfMemoryError) as err:  # backend not available
+                        res.note = f"unavailable: {str(err).splitlines()[0][:80]}"
+                        times[impl].clear()
+                        outputs.pop(impl, None)
+                        torch.cuda.empty_cache()
+                if progress:
+                    progress()
+        case_results = [by_impl[impl] for impl in impls]
+        for res in case_results:
+            if times[res.impl]:
+                res.ms = statistics.median(times[res.impl])
+                res.tflops = tflops(case, res.ms)
         check_fa(case, outputs, mismatches)
         fill_ratios(case_results)
         results.extend(case_results)
@@ -428,6 +466,9 @@ def parse_args(argv=None):
     p.add_argument("--sweep", action="store_true",
                    help=f"sequence lengths {SWEEP_SEQLENS} for head dims {SWEEP_HEAD_DIMS} instead of --shapes")
     p.add_argument("--plot", action="store_true", help="write a PNG of TFLOP/s against sequence length")
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                   help="time each case this many times, implementations in a rotated order each round; "
+                        "report the median (1: one pass in --impl order, 300 ms of repeats each)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: a timestamp)")
     args = p.parse_args(argv)
@@ -441,6 +482,8 @@ def parse_args(argv=None):
     unknown = set(args.impl) - set(known)
     if unknown:
         p.error(f"unknown --impl {sorted(unknown)}; choose from {known}")
+    if args.rounds < 1:
+        p.error(f"--rounds takes a count of at least 1, got {args.rounds}")
     args.dtypes = [d for d in args.dtype.split(",") if d]
     if set(args.dtypes) - {"float16", "bfloat16"}:
         p.error(f"--dtype takes float16 and/or bfloat16, got {args.dtype}")
@@ -513,16 +556,16 @@ def main(argv=None) -> int:
     try:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(cases) * len(args.impl), desc="bench", file=sys.stderr)
+        bar = tqdm(total=len(cases) * len(args.impl) * args.rounds, desc="bench", file=sys.stderr)
         tick = lambda: bar.update(1)  # noqa: E731
     except ImportError:
         count = [0]
 
         def tick():
             count[0] += 1
-            print(f"\r{count[0]}/{len(cases) * len(args.impl)}", end="", file=sys.stderr, flush=True)
+            print(f"\r{count[0]}/{len(cases) * len(args.impl) * args.rounds}", end="", file=sys.stderr, flush=True)
 
-    results, mismatches = benchmark(cases, args.impl, progress=tick)
+    results, mismatches = benchmark(cases, args.impl, progress=tick, rounds=args.rounds)
     print(file=sys.stderr)
     print(markdown_table(results))
     print("\nTFLOP/s = 4·B·H·Sq·Sk·D / time (forward), halved when causal, x2.5 for the backward; "

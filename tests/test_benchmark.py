@@ -51,6 +51,17 @@ def test_ratios_and_table(tmp_path):
     assert data["meta"] == {"gpu": "test"} and data["results"][2]["speedup_vs_naive"] == 1.0
 
 
+def test_round_orders_rotate_every_impl_through_places():
+    impls = ["fa-sm90", "fa-sm80", "fa3", "cudnn", "flash"]
+    assert bench.round_orders(impls, 1) == [impls]
+    orders = bench.round_orders(impls, 3)
+    assert len(orders) == 3 and all(sorted(o) == sorted(impls) for o in orders)
+    for impl in impls:  # a different place in each round
+        assert len({o.index(impl) for o in orders}) == 3
+    assert bench.round_orders(["fa", "fa3"], 4) == [["fa", "fa3"], ["fa3", "fa"]] * 2
+    assert bench.round_orders([], 2) == [[], []]
+
+
 def test_memory_estimate_skips_only_materialising_impls():
     case = bench.Case(4, 64, 8192, 128, False, "fwd")
     assert bench.materialises_scores("naive") and bench.materialises_scores("math")
@@ -72,8 +83,11 @@ def test_arguments():
     assert {c.head_dim for c in sweep} == {64, 128, 256} and {c.seqlen for c in sweep} == set(bench.SWEEP_SEQLENS)
     assert all(c.batch * c.seqlen == max(bench.SWEEP_TOKENS, c.seqlen) and c.heads * c.head_dim == bench.SWEEP_WIDTH
                for c in sweep)
+    assert default_args.rounds == bench.DEFAULT_ROUNDS and bench.parse_args(["--rounds", "1"]).rounds == 1
     with pytest.raises(SystemExit):
         bench.parse_args(["--impl", "fa,bogus"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--rounds", "0"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="sustained runs need a GPU (and nvidia-smi)")
