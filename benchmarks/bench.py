@@ -7,7 +7,7 @@
     python benchmarks/bench.py --suite decode       # decoding against a KV cache (decode_suite.py)
 
 Each implementation is timed with CUDA events (triton.testing.do_bench, median of warmed-up
-repeats), in --rounds rounds per case with the implementations in a rotated order each round; the
+repeats), in --rounds rounds per case with the implementations in another order each round; the
 median of the rounds is reported (see round_orders). TFLOP/s counts 4·B·H·Sq·Sk·D for the forward
 (two matmuls of 2·Sq·Sk·D each), halved when causal, and 2.5x that for the backward (five
 matmuls). Every fa result is checked against SDPA's in the same run; a mismatch fails the run, so
@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import csv
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -218,23 +219,36 @@ def time_ms(fn: Callable[[], object], warmup: int = 50, rep: int = 300) -> float
         return sorted(times)[len(times) // 2]
 
 
-# Rounds: each case times its implementations `rounds` times, in a rotated order each round, and
+# Rounds: each case times its implementations `rounds` times, in another order each round, and
 # reports the median of the rounds' medians. Measured on an H100 (benchmarks/NOTES.md, session 39):
 # with one pass in a fixed order, the same kernel read up to 13% apart in processes that ran the
 # implementations in different orders (the card runs at its power limit; what ran just before
-# sets its temperature and clock), so an implementation timed in a favourable place could win by
-# a few percent that are not its own.
+# sets its temperature and clock), so an implementation timed in a favourable place, or always
+# after the same neighbour, could win or lose by a few percent that are not its own.
 DEFAULT_ROUNDS = 3
 ROUND_WARMUP_MS = 25
 ROUND_REP_MS = 100
 
 
 def round_orders(impls: Sequence[str], rounds: int) -> List[List[str]]:
-    """The order of each round: impls rotated by an even share of their count per round, so that
-    each implementation runs at a different place each round (first after the last case, or later)."""
-    n = len(impls)
-    shifts = [(r * n) // rounds if rounds <= n else r % n for r in range(rounds)] if n else [0] * rounds
-    return [list(impls[s:]) + list(impls[:s]) for s in shifts]
+    """The order of each round: the first as given; each next one the order (of up to 8
+    implementations: all their permutations are tried) that puts the most implementations at a
+    place, and after a predecessor, they have not had yet. With 5 implementations and 3 rounds each
+    runs at 3 places after 3 predecessors (a rotation would keep every predecessor)."""
+    placed, followed, orders = set(), set(), []
+    for r in range(rounds):
+        start = tuple(impls[r % len(impls):]) + tuple(impls[:r % len(impls)]) if impls else ()
+        candidates = itertools.permutations(start) if len(impls) <= 8 else [start]
+
+        def novelty(order):
+            return (sum((impl, place) not in placed for place, impl in enumerate(order)) +
+                    sum(pair not in followed for pair in zip((None,) + order[:-1], order)))
+
+        best = max(candidates, key=novelty)
+        placed.update((impl, place) for place, impl in enumerate(best))
+        followed.update(zip((None,) + best[:-1], best))
+        orders.append(list(best))
+    return orders
 
 
 def make_inputs(case: Case, device="cuda", requires_grad=False):
@@ -286,7 +300,7 @@ def relative_mismatch(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None,
               rounds: int = DEFAULT_ROUNDS) -> Tuple[List[Result], List[str]]:
-    """Runs every impl on every case, `rounds` times in rotated orders (round_orders); a result's
+    """Runs every impl on every case, `rounds` times in varied orders (round_orders); a result's
     time is the median of its rounds'. Returns the results and the fa mismatches found."""
     results, mismatches = [], []
     free_bytes = torch.cuda.mem_get_info()[0]
@@ -467,7 +481,7 @@ def parse_args(argv=None):
                    help=f"sequence lengths {SWEEP_SEQLENS} for head dims {SWEEP_HEAD_DIMS} instead of --shapes")
     p.add_argument("--plot", action="store_true", help="write a PNG of TFLOP/s against sequence length")
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
-                   help="time each case this many times, implementations in a rotated order each round; "
+                   help="time each case this many times, the implementations in another order each round; "
                         "report the median (1: one pass in --impl order, 300 ms of repeats each)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: a timestamp)")

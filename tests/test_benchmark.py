@@ -51,15 +51,17 @@ def test_ratios_and_table(tmp_path):
     assert data["meta"] == {"gpu": "test"} and data["results"][2]["speedup_vs_naive"] == 1.0
 
 
-def test_round_orders_rotate_every_impl_through_places():
+def test_round_orders_vary_places_and_predecessors():
     impls = ["fa-sm90", "fa-sm80", "fa3", "cudnn", "flash"]
     assert bench.round_orders(impls, 1) == [impls]
     orders = bench.round_orders(impls, 3)
-    assert len(orders) == 3 and all(sorted(o) == sorted(impls) for o in orders)
-    for impl in impls:  # a different place in each round
+    assert orders[0] == impls and all(sorted(o) == sorted(impls) for o in orders)
+    for impl in impls:  # a different place, and a different predecessor, in each round
         assert len({o.index(impl) for o in orders}) == 3
+        assert len({o[o.index(impl) - 1] if o.index(impl) else None for o in orders}) == 3
     assert bench.round_orders(["fa", "fa3"], 4) == [["fa", "fa3"], ["fa3", "fa"]] * 2
     assert bench.round_orders([], 2) == [[], []]
+    assert len(bench.round_orders(bench.DEFAULT_IMPLS, 3)) == 3
 
 
 def test_memory_estimate_skips_only_materialising_impls():
