@@ -73,6 +73,7 @@ class Result:
     ratio_to_cudnn: Optional[float] = None
     ratio_to_fa3: Optional[float] = None
     note: str = ""
+    round_ms: str = ""  # each round's median, in the order the rounds ran ("0.912 0.905 0.917")
 
 
 def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal, mode="fwd") -> float:
@@ -344,6 +345,7 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None,
             if times[res.impl]:
                 res.ms = statistics.median(times[res.impl])
                 res.tflops = tflops(case, res.ms)
+                res.round_ms = " ".join(f"{t:.4f}" for t in times[res.impl])
         check_fa(case, outputs, mismatches)
         fill_ratios(case_results)
         results.extend(case_results)
