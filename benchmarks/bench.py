@@ -200,7 +200,12 @@ def scores_bytes(case: Case) -> int:
     return b * h * s * s * 4 * copies
 
 
-def time_ms(fn: Callable[[], object], warmup: int = 50, rep: int = 300) -> float:
+# do_bench's warm-up and repeats (ms) of a one-pass timing; rounds take a share each (below).
+WARMUP_MS = 50
+REP_MS = 300
+
+
+def time_ms(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS) -> float:
     """Median milliseconds of fn over warmed-up repeats (warmup and rep in ms), timed with CUDA events."""
     try:
         from triton.testing import do_bench
@@ -279,8 +284,8 @@ def case_call(case: Case, fn: Callable, inputs) -> Callable[[], object]:
     return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
 
-def run_case(case: Case, impl: str, fn: Callable, inputs, warmup: int = 50,
-             rep: int = 300) -> Tuple[float, float, torch.Tensor]:
+def run_case(case: Case, impl: str, fn: Callable, inputs, warmup: int = WARMUP_MS,
+             rep: int = REP_MS) -> Tuple[float, float, torch.Tensor]:
     """Times one implementation on one case: (ms, peak extra MB, output or gradients)."""
     call = case_call(case, fn, inputs)
     torch.cuda.synchronize()
@@ -311,7 +316,7 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None,
             fns[name] = make_impl(name)
         except ImportError as err:  # FA3 not installed: skipped with a note
             unavailable[name] = f"not importable: {err}"
-    warmup, rep = (50, 300) if rounds == 1 else (ROUND_WARMUP_MS, ROUND_REP_MS)
+    warmup, rep = (WARMUP_MS, REP_MS) if rounds == 1 else (ROUND_WARMUP_MS, ROUND_REP_MS)
     orders = round_orders(impls, rounds)  # the same for every case (up to ~1 s for 8 impls)
     for case in cases:
         inputs = make_inputs(case, requires_grad=case.mode == "bwd")
@@ -485,7 +490,8 @@ def parse_args(argv=None):
     p.add_argument("--plot", action="store_true", help="write a PNG of TFLOP/s against sequence length")
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                    help="time each case this many times, the implementations in another order each round; "
-                        "report the median (1: one pass in --impl order, 300 ms of repeats each)")
+                        "report the median (1: one pass in --impl order, 300 ms of repeats each; "
+                        "--suite shapes only: varlen and decode time each row once)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: a timestamp)")
     args = p.parse_args(argv)
