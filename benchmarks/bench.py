@@ -231,9 +231,21 @@ def time_ms(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS
 # implementations in different orders (the card runs at its power limit; what ran just before
 # sets its temperature and clock), so an implementation timed in a favourable place, or always
 # after the same neighbour, could win or lose by a few percent that are not its own.
+# Each round warms its implementation up for ROUND_WARMUP_MS before its repeats (--warmup): at the
+# power limit the clock follows the draw of what ran in the last fraction of a second, and with
+# 25 ms (62fb835 to 0b74edc) an implementation's rounds read 5-15% apart in one process, timed
+# partly at the clock its predecessor had left (benchmarks/NOTES.md, session 40: 25 ms against
+# longer warm-ups).
 DEFAULT_ROUNDS = 3
-ROUND_WARMUP_MS = 25
+ROUND_WARMUP_MS = 250
 ROUND_REP_MS = 100
+
+
+def timing_ms(rounds: int, warmup: Optional[int] = None) -> Tuple[int, int]:
+    """do_bench's warm-up and repeats (ms) of each timing of a run in `rounds` rounds; warmup, when
+    given, replaces the default warm-up."""
+    default_warmup, rep = (WARMUP_MS, REP_MS) if rounds == 1 else (ROUND_WARMUP_MS, ROUND_REP_MS)
+    return (default_warmup if warmup is None else warmup), rep
 
 
 def round_orders(impls: Sequence[str], rounds: int) -> List[List[str]]:
@@ -305,9 +317,10 @@ def relative_mismatch(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None,
-              rounds: int = DEFAULT_ROUNDS) -> Tuple[List[Result], List[str]]:
+              rounds: int = DEFAULT_ROUNDS, warmup: Optional[int] = None) -> Tuple[List[Result], List[str]]:
     """Runs every impl on every case, `rounds` times in varied orders (round_orders); a result's
-    time is the median of its rounds'. Returns the results and the fa mismatches found."""
+    time is the median of its rounds'. warmup: ms before each timing (default: timing_ms's).
+    Returns the results and the fa mismatches found."""
     results, mismatches = [], []
     free_bytes = torch.cuda.mem_get_info()[0]
     fns, unavailable = {}, {}
@@ -316,7 +329,7 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None,
             fns[name] = make_impl(name)
         except ImportError as err:  # FA3 not installed: skipped with a note
             unavailable[name] = f"not importable: {err}"
-    warmup, rep = (WARMUP_MS, REP_MS) if rounds == 1 else (ROUND_WARMUP_MS, ROUND_REP_MS)
+    warmup, rep = timing_ms(rounds, warmup)
     orders = round_orders(impls, rounds)  # the same for every case (up to ~1 s for 8 impls)
     for case in cases:
         inputs = make_inputs(case, requires_grad=case.mode == "bwd")
@@ -492,6 +505,9 @@ def parse_args(argv=None):
                    help="time each case this many times, the implementations in another order each round; "
                         "report the median (1: one pass in --impl order, 300 ms of repeats each; "
                         "--suite shapes only: varlen and decode time each row once)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help=f"ms of warm-up before each timing (default: {ROUND_WARMUP_MS} a round, "
+                        f"{WARMUP_MS} with --rounds 1; --suite shapes only)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: a timestamp)")
     args = p.parse_args(argv)
@@ -507,6 +523,8 @@ def parse_args(argv=None):
         p.error(f"unknown --impl {sorted(unknown)}; choose from {known}")
     if args.rounds < 1:
         p.error(f"--rounds takes a count of at least 1, got {args.rounds}")
+    if args.warmup is not None and args.warmup < 0:
+        p.error(f"--warmup takes milliseconds (0 or more), got {args.warmup}")
     args.dtypes = [d for d in args.dtype.split(",") if d]
     if set(args.dtypes) - {"float16", "bfloat16"}:
         p.error(f"--dtype takes float16 and/or bfloat16, got {args.dtype}")
@@ -574,8 +592,11 @@ def main(argv=None) -> int:
     if args.suite == "decode":
         return main_decode(args, meta)
     cases = build_cases(args)
+    meta["rounds"] = args.rounds
+    meta["warmup_ms"] = timing_ms(args.rounds, args.warmup)[0]
     print(f"# {meta.get('gpu')}, torch {meta['torch']}, cuDNN {meta.get('cudnn')}, fa {meta.get('fa')} "
-          f"({meta.get('fa_kernel_family')}), commit {meta.get('commit')}", flush=True)
+          f"({meta.get('fa_kernel_family')}), commit {meta.get('commit')}, {args.rounds} round(s), "
+          f"{meta['warmup_ms']} ms warm-up each", flush=True)
     try:
         from tqdm import tqdm
 
@@ -588,7 +609,7 @@ def main(argv=None) -> int:
             count[0] += 1
             print(f"\r{count[0]}/{len(cases) * len(args.impl) * args.rounds}", end="", file=sys.stderr, flush=True)
 
-    results, mismatches = benchmark(cases, args.impl, progress=tick, rounds=args.rounds)
+    results, mismatches = benchmark(cases, args.impl, progress=tick, rounds=args.rounds, warmup=args.warmup)
     print(file=sys.stderr)
     print(markdown_table(results))
     print("\nTFLOP/s = 4·B·H·Sq·Sk·D / time (forward), halved when causal, x2.5 for the backward; "

@@ -90,6 +90,11 @@ def test_arguments():
         bench.parse_args(["--impl", "fa,bogus"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--rounds", "0"])
+    assert default_args.warmup is None and bench.parse_args(["--warmup", "500"]).warmup == 500
+    assert bench.timing_ms(1) == (bench.WARMUP_MS, bench.REP_MS)
+    assert bench.timing_ms(3) == (bench.ROUND_WARMUP_MS, bench.ROUND_REP_MS) and bench.timing_ms(3, 0) == (0, bench.ROUND_REP_MS)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--warmup", "-1"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="sustained runs need a GPU (and nvidia-smi)")
