@@ -29,7 +29,9 @@
 // write dSᵀ to shared memory (double-buffered); issue dV += Pᵀ dO, then fence dSᵀ's stores; wait
 // for the other warpgroup's half (kdSFull); issue dQ = dS K and dK += dSᵀ Q; once dV and dQ are
 // done, release dO and stage dQ in shared memory for the dQ writer (whose bulk reduction runs on
-// while dK and the next steps compute); once dK is done, release Q.
+// while dK and the next steps compute); with 64 query rows a step (D = 128) issue the next step's
+// Sᵀ and dPᵀ behind dK and release Q once that Sᵀ is done (dK with it), else wait for dK and
+// release Q.
 //
 // Above head dim 128 (Config::kSplitHeadDim, 80 keys a CTA) the consumers run another step:
 // backward_mma_split (sm90/bwd_mma_split.h).
@@ -121,6 +123,7 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
   Tensor tdSsdS = thr_copy_ds.partition_D(sm.dst);      // (CPY, CPY_M, CPY_N, 2 buffers)
 
   typename Pipeline::PipelineState q_state;  // run on from one key tile to the next
+  typename Pipeline::PipelineState q_release_state;  // trails q_state by the step whose dK runs
   typename Config::PipelinedO::PipelineState do_state;
   int kv_tiles = 0;  // key tiles whose K and V this CTA has used
   for (int tile_index = blockIdx.x; tile_index < params.order.size(); tile_index = handoff.receive()) {
@@ -155,6 +158,18 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       barrier_arrive(BackwardBarrier::kdQFull, kWriterThreads, wg);
     };
 
+    // Where dK may run on into the next step (kDkIntoNextStep: at 64 query rows a step), the oldest
+    // Q buffer still held (the step before's) is released once its dK is done; the next step's Q
+    // must then be in another buffer. At 128 rows (D = 64) the next step's Sᵀ and dPᵀ accumulators
+    // (2 × 64 registers) beside dK's register operand leave ptxas too few registers: it serialises
+    // every wgmma (C7512), so there the step waits for its dK.
+    constexpr bool kDkIntoNextStep = kBlockM <= 64;
+    static_assert(!kDkIntoNextStep || Config::kStages >= 2, "a step's dK holds its Q buffer into the next step");
+    auto release_q = [&] {
+      pipeline_q.consumer_release(q_release_state);
+      ++q_release_state;
+    };
+
     for (auto step = steps.first(); step.t < steps.count; steps.advance(step)) {
       const int t = step.t;
       const int row_begin = step.m_block * kBlockM;
@@ -182,6 +197,9 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       // zero-filled or, varlen, the next sequence's; exp2(-lse) could overflow) and, causal, keys
       // after a row's diagonal.
       gemm_wait<1>(acc_s);
+      // The previous step's dK (issued before this Sᵀ, and wgmma groups complete in order) is done:
+      // its Q buffer may take the next load.
+      if (kDkIntoNextStep && t > 0) release_q();
       if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) {
         mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
       }
@@ -230,10 +248,20 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       gemm_wait<1>(acc_dq);  // dV and dQ done
       pipeline_do.consumer_release(do_state);  // dV was dO's last reader: its next load may start
       add_dq(t, acc_dq);
-      gemm_wait<0>(acc_dk);
-      pipeline_q.consumer_release(q_state);
       ++q_state;
       ++do_state;
+      if constexpr (kDkIntoNextStep) {
+        // dK runs on into the next step, whose Sᵀ and dPᵀ are issued behind it without waiting
+        // for it (no gap in the tensor cores' queue); Q is released once the next Sᵀ is done.
+        warpgroup_fence_operand(acc_dk);
+      } else {
+        gemm_wait<0>(acc_dk);
+        release_q();
+      }
+    }
+    if constexpr (kDkIntoNextStep) {
+      gemm_wait<0>(acc_dk);
+      if (steps.count > 0) release_q();
     }
 
     // Epilogue (bwd_epilogue.h): dK and dV through K's and V's buffers (stmatrix), once both
