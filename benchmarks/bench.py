@@ -232,10 +232,11 @@ def time_ms(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS
 # sets its temperature and clock), so an implementation timed in a favourable place, or always
 # after the same neighbour, could win or lose by a few percent that are not its own.
 # Each round warms its implementation up for ROUND_WARMUP_MS before its repeats (--warmup): at the
-# power limit the clock follows the draw of what ran in the last fraction of a second, and with
-# 25 ms (62fb835 to 0b74edc) an implementation's rounds read 5-15% apart in one process, timed
-# partly at the clock its predecessor had left (benchmarks/NOTES.md, session 40: 25 ms against
-# longer warm-ups).
+# power limit the clock follows the draw of what ran in the last fraction of a second, so a short
+# warm-up times a kernel partly at the clock its predecessor left. Measured on an H100 with five
+# implementations (benchmarks/NOTES.md, session 40), the median spread of a kernel's rounds in one
+# process: 10-13% at 25 ms (62fb835 to 0b74edc), 6-7% at 250, 2-4% at 1000 (a pass then takes
+# about three times as long as at 250).
 DEFAULT_ROUNDS = 3
 ROUND_WARMUP_MS = 250
 ROUND_REP_MS = 100
