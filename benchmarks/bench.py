@@ -200,7 +200,7 @@ def scores_bytes(case: Case) -> int:
     return b * h * s * s * 4 * copies
 
 
-# do_bench's warm-up and repeats (ms) of a one-pass timing; rounds take a share each (below).
+# do_bench's warm-up and repeats (ms) of a one-pass timing (--rounds 1); rounds have their own (below).
 WARMUP_MS = 50
 REP_MS = 300
 
