@@ -1,13 +1,14 @@
 // The consumers of the Hopper-family backward above head dim 128 (Config::kSplitHeadDim): a CTA
 // owns kBlockN = 80 keys; per step of 64 queries each consumer warpgroup
-//   issues S = Q Kᵀ and dP = dO Vᵀ for its 40 keys (wgmma N = 40, both operands in shared memory);
+//   issues S = Q Kᵀ for its 40 keys (wgmma N = 40, both operands in shared memory), adds the step
+//   before's last dQ slice to the workspace under it, issues dP = dO Vᵀ likewise;
 //   P = exp2(S·scale·log2e - lse·log2e), dS = P ∘ (dP - delta), converted, to shared memory as Pᵀ
 //   and dSᵀ (keys × queries: stmatrix .trans), buffer t % 2;
 //   after both warpgroups' (kdSFull), issues dVᵀ += dOᵀ P, dQ's first slice, dKᵀ += Qᵀ dS (its
 //   128 rows of the head dim, all 80 keys);
 //   once dV is done, releases dO (one buffer: the producer loads the next step's while the rest
 //   of this one runs); once the slice is done, adds it to the workspace from registers (16-byte
-//   reductions); then the next slice likewise (behind dK); then releases Q.
+//   reductions); then the next slice (behind dK), kept for the next step; then releases Q.
 // Why this tile (80 keys rather than 64), and what it costs, in bwd_config.h and benchmarks/NOTES.md.
 #pragma once
 
@@ -33,6 +34,21 @@ template <int kSlices, class Tensor>
 CUTE_DEVICE auto n_slice(Tensor&& t, int s) {
   using namespace cute;
   return logical_divide(t, Shape<Underscore, Int<kSlices>>{})(_, make_coord(s, _), _);
+}
+
+// 16 bytes added to global memory at base + kOffsetBytes (an immediate of the instruction).
+template <int kOffsetBytes>
+CUTE_DEVICE void red_add_f32x4(float* base, float a, float b, float c, float d) {
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0+%5], {%1, %2, %3, %4};"
+               :: "l"(base), "f"(a), "f"(b), "f"(c), "f"(d), "n"(kOffsetBytes));
+}
+
+// Gives every register of a fragment a new, unspecified value (an empty asm that only writes them):
+// the old values are dead from their last real use on, although the fragment is used again.
+template <class Tensor>
+CUTE_DEVICE void forget_values(Tensor& t) {
+  CUTE_UNROLL
+  for (int i = 0; i < cute::size(t); ++i) asm volatile("" : "=f"(t(i)));
 }
 
 template <class Config, bool kCausal, class Params, class Storage, class Handoff>
@@ -82,6 +98,19 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
   Tensor tPsP = thr_copy_pds.partition_D(sP);          // (CPY, CPY_M, CPY_N, 2 buffers)
   Tensor tdSsdS = thr_copy_pds.partition_D(sm.ds);
 
+  // dQ's slice s added to its workspace tile in the layout of Config::dq_staging_offset (the slices
+  // are the N repeats of the whole tile's accumulator, which the post-pass reads): one address a
+  // thread and slice, the vectors at immediate offsets from it.
+  auto add_dq = [&](float* dq_tile, int s, auto const& acc_dq) {
+    constexpr int kVectors = decltype(size(acc_dq))::value / 4;
+    static_assert(Config::dq_staging_offset(0, 4) - Config::dq_staging_offset(0, 0) == 128 * 4);
+    float* first = dq_tile + Config::dq_staging_offset(mma_tid, s * size(acc_dq));
+    for_each(make_int_sequence<kVectors>{}, [&](auto v) {
+      constexpr int i = decltype(v)::value * 4;
+      red_add_f32x4<i * 128 * 4>(first, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+    });
+  };
+
   typename Config::Pipeline::PipelineState q_state;   // run on from one key tile to the next
   typename Config::PipelinedO::PipelineState do_state;
   int kv_tiles = 0;  // key tiles whose K and V this CTA has used
@@ -100,6 +129,14 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
     // Waited for even with no step: the epilogue reuses K's and V's buffers.
     cutlass::arch::ClusterBarrier::wait(&smem.kv_full, kv_tiles % 2);
 
+    // dQ, one slice of the head dim after the other, all in these registers (a slice's GEMM then
+    // follows the reductions of the one before in the PTX, which ptxas keeps: with a fragment a
+    // slice it moved the first slice's reductions past the second's GEMM and serialised every
+    // wgmma, C7512). A step's last slice is added to its tile (dq_tile_last) in the next step,
+    // under its S = Q Kᵀ: the reductions then drain while the tensor cores run that GEMM, not
+    // between the steps with the tensor cores idle.
+    Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQSlice{});
+    float* dq_tile_last = nullptr;
     for (int t = 0; t < steps.count; ++t) {
       const int row_begin = steps.m_block(t) * kBlockM;
       const int q_stage = q_state.index(), do_stage = do_state.index();
@@ -110,6 +147,9 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       float row_lse[kRows], row_delta[kRows];
       pipeline_q.consumer_wait(q_state);
       gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tSrQ(_, _, _, q_stage), tSrK, acc_s);
+      // ptxas waits for this S before dP is issued (C7517: dP's accumulator takes registers these
+      // reductions read); the drain runs under S all the same.
+      if (t > 0) add_dq(dq_tile_last, kSlices - 1, acc_dq);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) row_lse[r] = lse_log2[get<0>(score_coords(r, 0))];
       pipeline_do.consumer_wait(do_state);
@@ -149,19 +189,10 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       barrier_sync(BackwardBarrier::kdSFull, Config::kMmaThreads);
 
       float* dq_tile = p.dq_accum + steps.workspace_row(p, seq, batch, t) * Config::kHeadDim;
-      // dQ's slice s added to the workspace tile in the layout of Config::dq_staging_offset (the
-      // slices are the N repeats of the whole tile's accumulator, which the post-pass reads).
-      auto add_dq = [&](int s, auto const& acc_dq) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 4) {
-          atomicAdd(reinterpret_cast<float4*>(dq_tile + Config::dq_staging_offset(mma_tid, s * size(acc_dq) + i)),
-                    make_float4(acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3)));
-        }
-      };
       Tensor tdQrdS_buffer = tdQrdS(_, _, _, buffer);
       gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdVrdOt(_, _, _, do_stage),
                                                              tdVrPt(_, _, _, buffer), acc_dv);
-      Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQSlice{});
+      forget_values(acc_dq);  // the last slice's values are dead once added: not live through S, dP, P and dS
       gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, 0), acc_dq);
       gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrQt(_, _, _, q_stage),
                                                              tdKrdSt(_, _, _, buffer), acc_dk);
@@ -169,18 +200,19 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       pipeline_do.consumer_release(do_state);
       ++do_state;
       gemm_wait<1>(acc_dq);  // dQ's first slice done
-      add_dq(0, acc_dq);
+      add_dq(dq_tile, 0, acc_dq);
       CUTE_UNROLL
       for (int s = 1; s < kSlices; ++s) {
-        Tensor acc_dq_s = partition_fragment_C(mma_dq, typename Config::TileQSlice{});
-        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, s), acc_dq_s);
-        gemm_wait<0>(acc_dq_s);
-        add_dq(s, acc_dq_s);
+        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, s), acc_dq);
+        gemm_wait<0>(acc_dq);
+        if (s < kSlices - 1) add_dq(dq_tile, s, acc_dq);
       }
+      dq_tile_last = dq_tile;
       warpgroup_fence_operand(acc_dk);
       pipeline_q.consumer_release(q_state);
       ++q_state;
     }
+    if (steps.count > 0) add_dq(dq_tile_last, kSlices - 1, acc_dq);
 
     // dKᵀ and dVᵀ to K's and V's buffers through their transposed views (stmatrix .trans).
     auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_dkv);
