@@ -1,7 +1,7 @@
 // The consumers of the Hopper-family backward above head dim 128 (Config::kSplitHeadDim): a CTA
 // owns kBlockN = 80 keys; per step of 64 queries each consumer warpgroup
 //   issues S = Q Kᵀ for its 40 keys (wgmma N = 40, both operands in shared memory), adds the step
-//   before's last dQ slice to the workspace under it, issues dP = dO Vᵀ likewise;
+//   before's last dQ slice to the workspace under it, then issues dP = dO Vᵀ (the same shape);
 //   P = exp2(S·scale·log2e - lse·log2e), dS = P ∘ (dP - delta), converted, to shared memory as Pᵀ
 //   and dSᵀ (keys × queries: stmatrix .trans), buffer t % 2;
 //   after both warpgroups' (kdSFull), issues dVᵀ += dOᵀ P, dQ's first slice, dKᵀ += Qᵀ dS (its
@@ -36,7 +36,9 @@ CUTE_DEVICE auto n_slice(Tensor&& t, int s) {
   return logical_divide(t, Shape<Underscore, Int<kSlices>>{})(_, make_coord(s, _), _);
 }
 
-// 16 bytes added to global memory at base + kOffsetBytes (an immediate of the instruction).
+// 16 bytes added to global memory at base + kOffsetBytes (an immediate of the instruction). No
+// memory clobber: nothing else in the kernel reads or writes the dQ workspace (the post-pass reads
+// it after the kernel).
 template <int kOffsetBytes>
 CUTE_DEVICE void red_add_f32x4(float* base, float a, float b, float c, float d) {
   asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0+%5], {%1, %2, %3, %4};"
@@ -60,6 +62,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
   constexpr int kBlockM = Config::kBlockM;
   constexpr int kBlockN = Config::kBlockN;
   constexpr int kSlices = Config::kdQSlices;
+  static_assert(kSlices >= 2, "the first slice is added within its step, the last in the next one");
   const BackwardParams& p = params.attn;
   const int mma_tid = threadIdx.x - 128;
 
