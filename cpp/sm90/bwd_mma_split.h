@@ -106,11 +106,14 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
   // thread and slice, the vectors at immediate offsets from it.
   auto add_dq = [&](float* dq_tile, int s, auto const& acc_dq) {
     constexpr int kVectors = decltype(size(acc_dq))::value / 4;
-    static_assert(Config::dq_staging_offset(0, 4) - Config::dq_staging_offset(0, 0) == 128 * 4);
     float* first = dq_tile + Config::dq_staging_offset(mma_tid, s * size(acc_dq));
     for_each(make_int_sequence<kVectors>{}, [&](auto v) {
       constexpr int i = decltype(v)::value * 4;
-      red_add_f32x4<i * 128 * 4>(first, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      // The vector's offset from the slice's first, the same for every thread (and every slice).
+      constexpr int kOffset = Config::dq_staging_offset(0, i) - Config::dq_staging_offset(0, 0);
+      static_assert(kOffset == Config::dq_staging_offset(Config::kMmaThreads - 1, i) -
+                                   Config::dq_staging_offset(Config::kMmaThreads - 1, 0));
+      red_add_f32x4<kOffset * int(sizeof(float))>(first, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
     });
   };
 
