@@ -97,24 +97,12 @@ struct BackwardSteps {
     count = m_tiles * group;
     rotate = kCausal || m_tiles == 0 ? 0 : n_block % m_tiles;
   }
-  // Step t's query head and query tile, from t: an integer division and a remainder by m_tiles
-  // (~25 instructions, a MUFU.RCP among them). The split-head-dim consumers (bwd_mma_split.h)
-  // use these: walking their steps with a Step measured 1-3.5% slower at D = 256 (its registers
-  // are short: ptxas spilled 32 bytes instead of 24; benchmarks/NOTES.md, session 27).
-  CUTE_DEVICE int head(int t) const { return head0 + t / m_tiles; }
-  CUTE_DEVICE int m_block(int t) const {
-    int i = t % m_tiles + rotate;
-    if (i >= m_tiles) i -= m_tiles;
-    return m_begin + i;
-  }
-  CUTE_DEVICE int64_t workspace_row(const BackwardParams& p, const Sequence& seq, int batch, int t) const {
-    return seq.workspace_row(p, batch, head(t)) + m_block(t) * kBlockM;
-  }
-
   // A step: its index t, query head and query tile, walked one step at a time (first, advance)
-  // as the producer, the dQ writer and the D <= 128 consumers go: without the division and
-  // remainder in their loop, those consumers measured 3-4% faster at D = 64 causal and
-  // (2, 64, 4096, 128) causal, level on the other rows.
+  // by every role, without a division and remainder by m_tiles in the loop (~25 instructions, a
+  // MUFU.RCP among them): measured 3-4% faster at D = 64 causal and (2, 64, 4096, 128) causal,
+  // level on the other rows, for the D <= 128 consumers; at D = 256 (bwd_mma_split.h) level to
+  // 1.5% faster once the division no longer held back a GEMM's issue (benchmarks/NOTES.md,
+  // sessions 27 and 43).
   struct Step {
     int t;
     int head;

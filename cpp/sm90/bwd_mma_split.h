@@ -143,6 +143,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
     // between the steps with the tensor cores idle.
     Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQSlice{});
     float* dq_tile_last = nullptr;
+    auto step = steps.first();
     for (int t = 0; t < steps.count; ++t) {
       const int q_stage = q_state.index(), do_stage = do_state.index();
       const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
@@ -161,11 +162,12 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tdPrdO(_, _, _, do_stage), tdPrV, acc_dp);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) row_delta[r] = delta[get<0>(score_coords(r, 0))];
-      // The step's query tile and dQ tile (a division by m_tiles and a 64-bit address, ~40
-      // dependent instructions) only once S and dP are issued, and dQ's tile once the GEMMs after
-      // kdSFull are: ptxas keeps them where they are written, and before a GEMM's issue they held
-      // it back (at the step's top, after the tensor cores had drained).
-      const int row_begin = steps.m_block(t) * kBlockM;
+      // The step's query tile only once S and dP are issued, and its dQ tile (a 64-bit address)
+      // once the GEMMs after kdSFull are: ptxas keeps such work where it is written, and a warp
+      // issues in order, so before a GEMM's issue a dependent chain held the GEMM back (the query
+      // tile, when it took a division by m_tiles, at the step's top, after the tensor cores had
+      // drained: 2-4% of the D = 256 backward, benchmarks/NOTES.md, session 43).
+      const int row_begin = step.m_block * kBlockM;
 
       // P = exp2(S·scale·log2e - lse·log2e) (lse·log2e is +inf for rows that see no key or lie
       // past seqlen_q: P = 0); masked: keys past seqlen_k and, causal, after a row's diagonal.
@@ -205,7 +207,8 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, 0), acc_dq);
       gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrQt(_, _, _, q_stage),
                                                              tdKrdSt(_, _, _, buffer), acc_dk);
-      float* dq_tile = p.dq_accum + steps.workspace_row(p, seq, batch, t) * Config::kHeadDim;
+      float* dq_tile = p.dq_accum + steps.workspace_row(p, seq, batch, step) * Config::kHeadDim;
+      steps.advance(step);
       gemm_wait<2>(acc_dv);  // dV done: dO's buffer is free for the next step's
       pipeline_do.consumer_release(do_state);
       ++do_state;
