@@ -166,7 +166,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       // once the GEMMs after kdSFull are: ptxas keeps such work where it is written, and a warp
       // issues in order, so before a GEMM's issue a dependent chain held the GEMM back (the query
       // tile, when it took a division by m_tiles, at the step's top, after the tensor cores had
-      // drained: 2-4% of the D = 256 backward, benchmarks/NOTES.md, session 43).
+      // drained: 1.3-4% of the D = 256 backward, benchmarks/NOTES.md, session 43).
       const int row_begin = step.m_block * kBlockM;
 
       // P = exp2(S·scale·log2e - lse·log2e) (lse·log2e is +inf for rows that see no key or lie
