@@ -143,8 +143,8 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
     // between the steps with the tensor cores idle.
     Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQSlice{});
     float* dq_tile_last = nullptr;
-    auto step = steps.first();
-    for (int t = 0; t < steps.count; ++t) {
+    for (auto step = steps.first(); step.t < steps.count; steps.advance(step)) {
+      const int t = step.t;
       const int q_stage = q_state.index(), do_stage = do_state.index();
       const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
       const float* delta = smem.delta.data() + do_stage * kBlockM;
@@ -208,7 +208,6 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrQt(_, _, _, q_stage),
                                                              tdKrdSt(_, _, _, buffer), acc_dk);
       float* dq_tile = p.dq_accum + steps.workspace_row(p, seq, batch, step) * Config::kHeadDim;
-      steps.advance(step);
       gemm_wait<2>(acc_dv);  // dV done: dO's buffer is free for the next step's
       pipeline_do.consumer_release(do_state);
       ++do_state;
