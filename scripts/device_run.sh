@@ -15,7 +15,9 @@
 #                .carry/B/fa-*.whl (wheels built elsewhere, e.g. of two commits), install it and run
 #                the --ab-bench arguments, in the order A B A B (tables in ab.md), after every other
 #                step. Without --wheel or --install nothing is built here: the first wheel serves
-#                the other steps (and --bench is the A/B's benchmark unless --ab-bench is given)
+#                the other steps (and --bench is the A/B's benchmark unless --ab-bench is given).
+#                An entry NAME:VAR=VALUE runs .carry/NAME's wheel with that environment variable set
+#                (an A/B of one wheel's two kernels, e.g. "X:FA_SM90_BWD_ROWS=80 X:FA_SM90_BWD_ROWS=64")
 #   --ab-bench "…" bench.py arguments of the A/B
 #   --install    pip install --no-build-isolation . (the users' path; the default); nvidia-cutlass
 #                comes from .whl/
@@ -83,7 +85,7 @@ python3 -m pip install -q --no-index --no-deps .whl/nvidia_cutlass-*.whl > "$OUT
 wheels=.carry/wheels
 if [ -n "$ab" ] && [ -z "$mode" ]; then  # no build here: the A/B's first wheel serves the other steps
   mode=wheel
-  wheels=.carry/$(echo "$ab" | awk '{print $1}')
+  wheels=.carry/$(echo "$ab" | awk '{print $1}' | cut -d: -f1)
   [ -z "$ab_bench" ] && { ab_bench="$bench"; bench=skip; }
 fi
 mode=${mode:-install}
@@ -183,12 +185,14 @@ if [ -n "$ab" ]; then
   read -ra builds <<< "$ab"
   for round in 1 2; do
     for b in "${builds[@]}"; do
-      step "A/B: .carry/$b, round $round: benchmark ${ab_bench}"
-      python3 -m pip install -q --no-index --no-deps --force-reinstall .carry/"$b"/fa-*.whl >> "$OUT/install.log" 2>&1 \
-        || { echo "install of .carry/$b failed"; status=1; continue; }
+      dir=${b%%:*} assign=""
+      [ "$dir" != "$b" ] && assign=${b#*:}
+      step "A/B: .carry/$dir ${assign}, round $round: benchmark ${ab_bench}"
+      python3 -m pip install -q --no-index --no-deps --force-reinstall .carry/"$dir"/fa-*.whl >> "$OUT/install.log" 2>&1 \
+        || { echo "install of .carry/$dir failed"; status=1; continue; }
       # shellcheck disable=SC2086
-      python3 benchmarks/bench.py --out "$OUT" --name "ab_${b}_${round}" ${ab_bench} 2>> "$OUT/bench.stderr" \
-        | grep -E "^\| " | tee -a "$OUT/ab.md"
+      env $assign python3 benchmarks/bench.py --out "$OUT" --name "ab_$(echo "$b" | tr -c 'A-Za-z0-9_\n' _)_${round}" \
+        ${ab_bench} 2>> "$OUT/bench.stderr" | grep -E "^\| " | tee -a "$OUT/ab.md"
     done
   done
 fi
