@@ -17,7 +17,8 @@
 #                step. Without --wheel or --install nothing is built here: the first wheel serves
 #                the other steps (and --bench is the A/B's benchmark unless --ab-bench is given).
 #                An entry NAME:VAR=VALUE runs .carry/NAME's wheel with that environment variable set
-#                (an A/B of one wheel's two kernels, e.g. "X:FA_SM90_BWD_ROWS=80 X:FA_SM90_BWD_ROWS=64")
+#                (an A/B of one wheel's two kernels, e.g. "X X:FA_SM90_FWD_PAIRS=0", or a switch an
+#                experiment's patch adds: FA_SM90_BWD_ROWS in benchmarks/experiments/bwd-d128-80-row-tile.patch)
 #   --ab-bench "…" bench.py arguments of the A/B
 #   --install    pip install --no-build-isolation . (the users' path; the default); nvidia-cutlass
 #                comes from .whl/
