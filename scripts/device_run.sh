@@ -86,7 +86,8 @@ python3 -m pip install -q --no-index --no-deps .whl/nvidia_cutlass-*.whl > "$OUT
 wheels=.carry/wheels
 if [ -n "$ab" ] && [ -z "$mode" ]; then  # no build here: the A/B's first wheel serves the other steps
   mode=wheel
-  wheels=.carry/$(echo "$ab" | awk '{print $1}' | cut -d: -f1)
+  first=${ab%% *}
+  wheels=.carry/${first%%:*}
   [ -z "$ab_bench" ] && { ab_bench="$bench"; bench=skip; }
 fi
 mode=${mode:-install}
