@@ -68,6 +68,18 @@ struct ForwardConfig {
       cute::GMMA::ss_op_selector<Element, Element, float,
                                  cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
       MmaWarpgroups{}));
+  // Q as S = Q Kᵀ's A operand from registers instead, loaded once a tile with ldmatrix: wgmma then
+  // reads only K from shared memory for S, a third less of S's reads and a fifth of all the
+  // consumers' shared-memory reads a step. Where the registers allow: two consumer warpgroups
+  // (240 registers) on 128-key steps at D ≤ 128 — at D = 128 Q's 32 registers a thread beside S's
+  // 64, P's 32 and O's 64. (With three warpgroups, 160 registers, at D = 64, and on the 176-key
+  // D = 128 tile ptxas spills.) Measured at D = 128 (benchmarks/NOTES.md, session 46): 0.9% fewer
+  // cycles a call at the power limit, 1–3% faster in bench.py.
+  static constexpr bool kQInRegisters = kMmaWarpgroups == 2 && kHeadDim <= 128 && kBlockN <= 128;
+  using TiledMmaSQReg = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
+      MmaWarpgroups{}));
   using MmaOAtom = decltype(cute::GMMA::rs_op_selector<
                             Element, Element, float,
                             cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,

@@ -2,7 +2,8 @@
 //
 // Each consumer warpgroup owns 64 rows of the tile and walks the key tiles it can see from the last
 // to the first (the few that need a mask come first). For key tile n:
-//   S = Q K[n]ᵀ        wgmma, both operands in shared memory, fp32 accumulator in registers
+//   S = Q K[n]ᵀ        wgmma, K from shared memory, Q from registers where they allow (else from
+//                      shared memory too: Config::kQInRegisters), fp32 accumulator in registers
 //   softmax(S)         online: running row max and sum (common/online_softmax.h), P in registers
 //   O += P V[n]        wgmma with P from registers (converted to fp16/bf16 in place)
 // Overlap inside a warpgroup: step n issues S[n] = Q K[n]ᵀ and O += P[n+1] V[n+1] back to back and
@@ -68,6 +69,16 @@ struct ForwardMainloop {
     auto wg_s = warpgroup_slice(mma_s, /*first_warpgroup=*/1);
     Tensor tSrQ = wg_s.partition_fragment_A(sQ);  // wgmma descriptors (MMA, MMA_M, MMA_K)
     Tensor tSrK = wg_s.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_K, stages)
+    // Or Q in registers (Config::kQInRegisters): this thread's share of its warpgroup's 64 rows,
+    // loaded with ldmatrix now (the caller waited for Q's buffer).
+    typename Config::TiledMmaSQReg mma_sr;
+    auto thr_sr = mma_sr.get_thread_slice(mma_tid);
+    Tensor tSrQReg = thr_sr.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K) registers
+    if constexpr (Config::kQInRegisters) {
+      auto q_copy = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_sr);
+      auto thr_q = q_copy.get_thread_slice(mma_tid);
+      copy(q_copy, thr_q.partition_S(sQ), thr_q.retile_D(tSrQReg));
+    }
     typename Config::TiledMmaO mma_o;
     Tensor tOrVt = warpgroup_slice(mma_o, 1).partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
 
@@ -92,7 +103,11 @@ struct ForwardMainloop {
     // in flight would keep the other warpgroup's GEMMs off the tensor cores.
     auto wait_k = [&]() { pipeline_k.consumer_wait(k_state); };
     auto s_gemm = [&]() {
-      gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+      if constexpr (Config::kQInRegisters) {
+        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/true>(mma_sr, tSrQReg, tSrK(_, _, _, k_state.index()), acc_s);
+      } else {
+        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
+      }
     };
     auto o_gemm = [&]() {
       pipeline_v.consumer_wait(v_state);
