@@ -204,7 +204,7 @@ def test_long_keys_take_the_wide_tile(family, seqlen_k):
     q, k, v = random_qkv(1, 2, 2, 64, seqlen_k, 128, torch.float16, "cuda")
     names = kernel_names(lambda: torch.ops.fa.forward(q, k, v, None, False))
     forward = [n for n in names if "forward_kernel" in n]
-    wide = any("128, 128, 176" in n or "Li128ELi128ELi176E" in n for n in forward)
+    wide = any("128, 128, 144" in n or "Li128ELi128ELi144E" in n for n in forward)
     expected = family == "sm90" and 128 in fa.build_info()["sm90_head_dims"] and seqlen_k >= 8192
     assert forward and wide == expected, names
 
@@ -213,7 +213,7 @@ def test_long_keys_take_the_wide_tile(family, seqlen_k):
 # share each K and V tile (sm90/fwd_launch.h: clusters of two, each CTA loading half a tile into
 # both). The pairs change where K and V come from, not the arithmetic: the output must equal the
 # unpaired kernel's (FA_SM90_FWD_PAIRS=0) bit for bit, and the reference's within the usual error.
-# Shapes: partial last query tile, GQA, the 176-key tile (from 8192 keys), head dim 256, odd tiles.
+# Shapes: partial last query tile, GQA, the 144-key tile (from 8192 keys), head dim 256, odd tiles.
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 250, 300, 128), (1, 2, 2, 256, 8269, 128), (2, 4, 4, 1000, 77, 256),
                                    (1, 6, 2, 384, 129, 128), (1, 2, 2, 130, 130, 64)],

@@ -26,7 +26,7 @@ namespace fa::sm90 {
 // step's softmax and barriers over more tensor-core work; causal tiles stay narrower, since every
 // query tile's diagonal tile is masked and partly wasted. D = 128: 128 × 160 (the widest whose Q, K/V stages and separate output tile
 // fit in 224 KB) measured slower than 128 × 128, which also divides the usual sequence lengths
-// (128 × 176 serves long key sequences: LongKeyTile below).
+// (128 × 144 serves long key sequences: LongKeyTile below).
 // D = 256: 128 × 80 with two stages fills shared memory (the output tile then reuses Q's buffer).
 template <int kHeadDim, bool kCausal>
 struct ForwardTile;
@@ -53,15 +53,17 @@ template <> struct ShortQueryTile<64, true> {
 
 // A second tile for long key sequences, where a wider key tile spreads each step's softmax and
 // barriers over more tensor-core work and its last, partial tile costs little: D = 128 non-causal
-// takes 128 × 176 (FA3's non-causal tile; Q, two K/V stages and the output do not fit together,
-// so the output is staged in Q's buffer) from 8192 keys on. Measured (benchmarks/NOTES.md, session
-// 14, A/B on one H100): 2-3% faster at 8192-32768 keys, 6% slower at 4096 (bf16; 23.3 tiles of 176).
+// takes 128 × 144 from 8192 keys on, the widest tile whose consumers still hold Q in registers
+// (ForwardConfig::kQInRegisters; one Q buffer beside the output's). Measured (benchmarks/NOTES.md):
+// FA3's 128 × 176 (Q from shared memory) 2–3% faster than 128 × 128 at 8192–32768 keys and 6%
+// slower at 4096 (session 14); 128 × 144 with Q in registers 0.7–1.4% fewer cycles a call than
+// 128 × 176 at the power limit (session 46).
 template <int kHeadDim, bool kCausal>
 struct LongKeyTile {
   static constexpr int kFromKeys = 0;  // none
 };
 template <> struct LongKeyTile<128, false> {
-  static constexpr int kFromKeys = 8192, kBlockM = 128, kBlockN = 176, kStages = 2;
+  static constexpr int kFromKeys = 8192, kBlockM = 128, kBlockN = 144, kStages = 2;
 };
 
 // The configuration of one of the tiles above.
