@@ -75,7 +75,7 @@ struct ForwardConfig {
   // registers a thread beside S's 64, P's 32 and O's 64. (ptxas spills with three warpgroups, 160
   // registers, at D = 64, and on 160- or 176-key D = 128 tiles.) Measured at D = 128
   // (benchmarks/NOTES.md, session 46): 0.7–1.1% fewer cycles a call at the power limit on the
-  // 128-key tiles, 1–3% faster in bench.py; the 144-key tile with Q in registers 0.7–1.4% fewer
+  // 128-key tiles, 1–3% faster in bench.py; the 144-key tile with Q in registers 0.7–1.5% fewer
   // cycles than 176 keys without.
   static constexpr bool kQInRegisters = kMmaWarpgroups == 2 && kHeadDim <= 128 && kBlockN <= 144;
   using TiledMmaSQReg = decltype(cute::make_tiled_mma(

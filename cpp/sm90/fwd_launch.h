@@ -56,7 +56,7 @@ template <> struct ShortQueryTile<64, true> {
 // takes 128 × 144 from 8192 keys on, the widest tile whose consumers still hold Q in registers
 // (ForwardConfig::kQInRegisters; one Q buffer beside the output's). Measured (benchmarks/NOTES.md):
 // FA3's 128 × 176 (Q from shared memory) 2–3% faster than 128 × 128 at 8192–32768 keys and 6%
-// slower at 4096 (session 14); 128 × 144 with Q in registers 0.7–1.4% fewer cycles a call than
+// slower at 4096 (session 14); 128 × 144 with Q in registers 0.7–1.5% fewer cycles a call than
 // 128 × 176 at the power limit (session 46).
 template <int kHeadDim, bool kCausal>
 struct LongKeyTile {
