@@ -61,8 +61,8 @@ struct ForwardConfig {
   // contiguous (MN-major) mode.
   using SmemLayoutVt = TransposedLayout<SmemLayoutKV>;
 
-  // S = Q Kᵀ with both operands from shared memory; O += P V with P from registers. Each consumer
-  // warpgroup owns 64 rows of the tile.
+  // S = Q Kᵀ with both operands from shared memory (or Q from registers: kQInRegisters below);
+  // O += P V with P from registers. Each consumer warpgroup owns 64 rows of the tile.
   using MmaWarpgroups = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
   using TiledMmaS = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
