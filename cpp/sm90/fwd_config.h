@@ -61,27 +61,25 @@ struct ForwardConfig {
   // contiguous (MN-major) mode.
   using SmemLayoutVt = TransposedLayout<SmemLayoutKV>;
 
-  // S = Q Kᵀ with both operands from shared memory (or Q from registers: kQInRegisters below);
-  // O += P V with P from registers. Each consumer warpgroup owns 64 rows of the tile.
-  using MmaWarpgroups = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
-  using TiledMmaS = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
-      MmaWarpgroups{}));
-  // Q as S = Q Kᵀ's A operand from registers instead, loaded once a tile with ldmatrix: wgmma then
-  // reads only K from shared memory for S, a third less of S's reads and a fifth of all the
-  // consumers' shared-memory reads a step. Where the registers allow: two consumer warpgroups
-  // (240 registers) on steps of at most 144 keys at D ≤ 128 — at D = 128 and 128 keys Q's 32
-  // registers a thread beside S's 64, P's 32 and O's 64. (ptxas spills with three warpgroups, 160
-  // registers, at D = 64, and on 160- or 176-key D = 128 tiles.) Measured at D = 128
-  // (benchmarks/NOTES.md, session 46): 0.7–1.1% fewer cycles a call at the power limit on the
-  // 128-key tiles, 1–3% faster in bench.py; the 144-key tile with Q in registers 0.7–1.5% fewer
-  // cycles than 176 keys without.
+  // S = Q Kᵀ with K from shared memory and Q from registers where they allow (kQInRegisters),
+  // else from shared memory too; O += P V with P from registers. Each consumer warpgroup owns 64
+  // rows of the tile.
+  //
+  // Q in registers is loaded once a tile with ldmatrix: wgmma then reads only K from shared memory
+  // for S, a third less of S's reads and a fifth of all the consumers' shared-memory reads a step.
+  // Where the registers allow: two consumer warpgroups (240 registers) on steps of at most 144 keys
+  // at D ≤ 128 — at D = 128 and 128 keys Q's 32 registers a thread beside S's 64, P's 32 and O's
+  // 64. (ptxas spills with three warpgroups, 160 registers, at D = 64, and on 160- or 176-key
+  // D = 128 tiles.) Measured at D = 128 (benchmarks/NOTES.md, session 46): 0.7–1.1% fewer cycles a
+  // call at the power limit on the 128-key tiles, 1–3% faster in bench.py; the 144-key tile with Q
+  // in registers 0.7–1.5% fewer cycles than 176 keys without.
   static constexpr bool kQInRegisters = kMmaWarpgroups == 2 && kHeadDim <= 128 && kBlockN <= 144;
-  using TiledMmaSQReg = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
-      MmaWarpgroups{}));
+  using MmaWarpgroups = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
+  using MmaSShape = cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using MmaSAtom = std::conditional_t<
+      kQInRegisters, decltype(cute::GMMA::rs_op_selector<Element, Element, float, MmaSShape>()),
+      decltype(cute::GMMA::ss_op_selector<Element, Element, float, MmaSShape>())>;
+  using TiledMmaS = decltype(cute::make_tiled_mma(MmaSAtom{}, MmaWarpgroups{}));
   using MmaOAtom = decltype(cute::GMMA::rs_op_selector<
                             Element, Element, float,
                             cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,

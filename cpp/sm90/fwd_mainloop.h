@@ -67,18 +67,20 @@ struct ForwardMainloop {
     typename Config::TiledMmaS mma_s;
     auto thr_s = mma_s.get_thread_slice(mma_tid);
     auto wg_s = warpgroup_slice(mma_s, /*first_warpgroup=*/1);
-    Tensor tSrQ = wg_s.partition_fragment_A(sQ);  // wgmma descriptors (MMA, MMA_M, MMA_K)
     Tensor tSrK = wg_s.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_K, stages)
-    // Or Q in registers (Config::kQInRegisters): this thread's share of its warpgroup's 64 rows,
-    // loaded with ldmatrix now (the caller waited for Q's buffer).
-    typename Config::TiledMmaSQReg mma_sr;
-    auto thr_sr = mma_sr.get_thread_slice(mma_tid);
-    Tensor tSrQReg = thr_sr.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K) registers
-    if constexpr (Config::kQInRegisters) {
-      auto q_copy = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_sr);
-      auto thr_q = q_copy.get_thread_slice(mma_tid);
-      copy(q_copy, thr_q.partition_S(sQ), thr_q.retile_D(tSrQReg));
-    }
+    // Q: wgmma descriptors of its buffer, or (Config::kQInRegisters) this thread's share of its
+    // warpgroup's 64 rows, loaded with ldmatrix now (the caller waited for Q's buffer).
+    Tensor tSrQ = [&] {  // (MMA, MMA_M, MMA_K)
+      if constexpr (Config::kQInRegisters) {
+        Tensor q = thr_s.partition_fragment_A(sQ);
+        auto q_copy = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_s);
+        auto thr_q = q_copy.get_thread_slice(mma_tid);
+        copy(q_copy, thr_q.partition_S(sQ), thr_q.retile_D(q));
+        return q;
+      } else {
+        return wg_s.partition_fragment_A(sQ);
+      }
+    }();
     typename Config::TiledMmaO mma_o;
     Tensor tOrVt = warpgroup_slice(mma_o, 1).partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
 
@@ -103,11 +105,7 @@ struct ForwardMainloop {
     // in flight would keep the other warpgroup's GEMMs off the tensor cores.
     auto wait_k = [&]() { pipeline_k.consumer_wait(k_state); };
     auto s_gemm = [&]() {
-      if constexpr (Config::kQInRegisters) {
-        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/true>(mma_sr, tSrQReg, tSrK(_, _, _, k_state.index()), acc_s);
-      } else {
-        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
-      }
+      gemm_async</*kZeroInit=*/true, Config::kQInRegisters>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), acc_s);
     };
     auto o_gemm = [&]() {
       pipeline_v.consumer_wait(v_state);
