@@ -80,8 +80,9 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
 
   // The loads of kGroup passes are issued before any of their stores (the compiler cannot move
   // a load above a store that may alias it), so that a thread has that many rows' loads in flight
-  // instead of one round trip to memory per pass.
-  constexpr int kGroup = Shape::kPasses < 4 ? Shape::kPasses : 4;
+  // instead of one round trip to memory per pass (8 rows: the pre-pass 1–3% faster than with 4 at
+  // D = 128 and 256, benchmarks/NOTES.md session 47).
+  constexpr int kGroup = Shape::kPasses < 8 ? Shape::kPasses : 8;
   static_assert(Shape::kPasses % kGroup == 0);
   auto row_of = [&](int pass) {
     return blockIdx.x * Shape::kRowsPerBlock + pass * Shape::kRowsPerPass + threadIdx.x / Shape::kThreadsPerRow;
@@ -113,10 +114,14 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
         delta[row] = dot;
         if (lse_log2 != nullptr) lse_log2[row] = l[g] == -INFINITY ? INFINITY : l[g] * float(M_LOG2E);
       }
-      if (col >= kHeadDim) continue;  // the group's spare lanes (kHeadDim 96)
-      float4* accum_row = reinterpret_cast<float4*>(accum + int64_t(row) * p.head_dim_rounded + col);
-      accum_row[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-      accum_row[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      // The row's kHeadDim zeros in 16-byte stores, lane j of the row's group taking vectors j,
+      // j + kThreadsPerRow, …: each store instruction of a warp covers whole rows' contiguous
+      // bytes (with each lane's own 32 bytes, every instruction wrote half of each sector).
+      float4* accum_row = reinterpret_cast<float4*>(accum + int64_t(row) * p.head_dim_rounded);
+      CUTLASS_PRAGMA_UNROLL
+      for (int u = threadIdx.x % Shape::kThreadsPerRow; u < kHeadDim / 4; u += Shape::kThreadsPerRow) {
+        accum_row[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
     }
   }
 }
