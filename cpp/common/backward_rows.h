@@ -80,8 +80,8 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
 
   // The loads of kGroup passes are issued before any of their stores (the compiler cannot move
   // a load above a store that may alias it), so that a thread has that many rows' loads in flight
-  // instead of one round trip to memory per pass (8 rows: the pre-pass 1–3% faster than with 4 at
-  // D = 128 and 256, benchmarks/NOTES.md session 47).
+  // instead of one round trip to memory per pass (8 rows: the pre-pass 1–2% faster than with 4 at
+  // D = 128 and 256 from 4096 rows, benchmarks/NOTES.md session 47).
   constexpr int kGroup = Shape::kPasses < 8 ? Shape::kPasses : 8;
   static_assert(Shape::kPasses % kGroup == 0);
   auto row_of = [&](int pass) {
