@@ -24,6 +24,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "fa/kernels.h"
+#include "common/grid_dependency.h"
 #include "common/sequence.h"
 #include "fa/params.h"
 
@@ -62,6 +63,9 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
   using Shape = RowPassShape<kHeadDim>;
   using Vector = cutlass::Array<Element, Shape::kVector>;
   const int head = blockIdx.y, batch = blockIdx.z;
+  // The Hopper family's main kernel may take the SMs this grid's last CTAs leave free (it waits
+  // for this grid to complete before it reads what the pre-pass writes).
+  allow_dependent_grid();
   // The main kernel's tile counter (Hopper family: its persistent CTAs take key tiles from it).
   if (p.tile_counter != nullptr && blockIdx.x == 0 && head == 0 && batch == 0 && threadIdx.x == 0) {
     *p.tile_counter = 0;

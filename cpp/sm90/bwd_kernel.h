@@ -44,6 +44,7 @@
 
 #include "common/attention_mask.h"
 #include "common/fragment_convert.h"
+#include "common/grid_dependency.h"
 #include "common/sequence.h"
 #include "fa/params.h"
 #include "sm90/bwd_epilogue.h"
@@ -296,6 +297,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   PipelinedO pipeline_do(smem.pipeline_do, tma_pipeline_params<PipelinedO>(stage_bytes, Config::kMmaThreads),
                          Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before any role uses them
+  // Launched behind the pre-pass (bwd_launch.h): every role reads or adds to what it writes (the
+  // tile counter, lse, delta, the zeroed dQ workspace). The dQ conversion may take this grid's SMs
+  // as its CTAs exit.
+  wait_for_prior_grid();
+  allow_dependent_grid();
   // The next key tile's index, from the producer warp to the consumers and the dQ writer.
   const BackwardTileHandoff<32 + Config::kMmaThreads, !Config::kdQFromRegisters> handoff{
       &smem.next_tile, &smem.writer_tile_full, &smem.writer_tile_empty};

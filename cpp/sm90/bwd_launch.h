@@ -11,6 +11,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "common/backward_rows.h"
+#include "common/grid_dependency.h"
 #include "common/element.h"
 #include "fa/kernels.h"
 #include "sm90/bwd_config.h"
@@ -54,6 +55,7 @@ __global__ void __launch_bounds__(Config::kMmaThreads)
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int row_begin = m_block * Config::kBlockM;
   const int tid = threadIdx.x;
+  wait_for_prior_grid();  // the main kernel's dQ sums
   const Sequence seq = Sequence::of(p, batch);
   if (row_begin >= seq.seqlen_q) return;  // varlen: the grid covers the longest sequence
   const float* tile = p.dq_accum + (seq.workspace_row(p, batch, head) + row_begin) * Config::kHeadDim;
@@ -138,13 +140,13 @@ cudaError_t launch_backward(const BackwardParams& p, cudaStream_t stream) {
   err = current_device_sms(sms);
   if (err != cudaSuccess) return err;
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(order.size(), sms));
-  kernel<<<dim3(unsigned(grid)), Config::kThreads, kSmem, stream>>>(params);
-  err = cudaGetLastError();
+  // Both kernels after the pre-pass start as the kernel ahead of them drains (grid_dependency.h).
+  err = launch_after_prior_grid(kernel, dim3(unsigned(grid)), dim3(Config::kThreads), kSmem, stream, params);
   if (err != cudaSuccess) return err;
 
   const dim3 tile_grid((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, p.heads_q, p.batch);
-  backward_convert_dq_kernel<Config><<<tile_grid, Config::kMmaThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_after_prior_grid(&backward_convert_dq_kernel<Config>, tile_grid, dim3(Config::kMmaThreads), 0,
+                                 stream, p);
 }
 
 template <class ElementTag, int kHeadDim, bool kCausal>

@@ -1,0 +1,53 @@
+// Programmatic dependent launch (sm90 and later): a kernel launched with launch_after_prior_grid
+// may be scheduled onto SMs before the kernel ahead of it in the stream has finished, and waits in
+// wait_for_prior_grid until that kernel has completed and its writes are visible. What runs before
+// the wait (a CTA's launch, its barrier set-up) overlaps the prior kernel's last CTAs and the
+// launch latency between the two. The prior kernel lets the dependent one be scheduled early with
+// allow_dependent_grid (else that happens as its CTAs exit).
+//
+// The rule that keeps this exact: before its wait a dependent kernel touches no global memory that
+// the prior kernel writes, and writes none that it reads. The backward chains its own three
+// kernels this way (pre-pass, main kernel, dQ conversion: sm90/bwd_launch.h); the first of them is
+// launched plainly, so nothing of the caller's runs alongside it.
+#pragma once
+
+#include <cuda_runtime.h>  // cudaLaunchKernelEx
+
+namespace fa {
+
+// Block until the grid this one depends on has completed, its memory operations visible. Returns
+// at once in a kernel launched without the attribute (or below sm90).
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Let a grid launched after this one with the attribute be scheduled once every CTA of this grid
+// has called this (or exited). It does not make this grid's writes visible to it: the dependent
+// grid's wait does.
+__device__ __forceinline__ void allow_dependent_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launch `kernel` so that it may start before the stream's previous kernel has finished (it must
+// call wait_for_prior_grid before touching what that kernel writes or reads).
+template <class Kernel, class... Args>
+cudaError_t launch_after_prior_grid(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                    const Args&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
+}  // namespace fa
