@@ -8,7 +8,9 @@
 // The rule that keeps this exact: before its wait a dependent kernel touches no global memory that
 // the prior kernel writes, and writes none that it reads. The backward chains its own three
 // kernels this way (pre-pass, main kernel, dQ conversion: sm90/bwd_launch.h); the first of them is
-// launched plainly, so nothing of the caller's runs alongside it.
+// launched plainly, so nothing of the caller's runs alongside it and the call's inputs are
+// complete before any of the three starts: the main kernel loads its first K, V and Q before its
+// wait (sm90/bwd_load.h).
 #pragma once
 
 #include <cuda_runtime.h>  // cudaLaunchKernelEx

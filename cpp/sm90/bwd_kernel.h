@@ -298,9 +298,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                          Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before any role uses them
   // Launched behind the pre-pass (bwd_launch.h): every role reads or adds to what it writes (the
-  // tile counter, lse, delta, the zeroed dQ workspace). The dQ conversion may take this grid's SMs
-  // as its CTAs exit.
-  wait_for_prior_grid();
+  // tile counter, lse, delta, the zeroed dQ workspace), so waits for it here; the producer warp
+  // in BackwardLoad::run, once it has issued its first tile's K, V and Q. The dQ conversion may
+  // take this grid's SMs as its CTAs exit.
+  if (warp != 0) wait_for_prior_grid();
   allow_dependent_grid();
   // The next key tile's index, from the producer warp to the consumers and the dQ writer.
   const BackwardTileHandoff<32 + Config::kMmaThreads, !Config::kdQFromRegisters> handoff{
