@@ -10,8 +10,6 @@
 // next tile's first Q and dO are loaded while this tile's last steps and epilogue run.
 #pragma once
 
-#include "common/grid_dependency.h"
-
 #include <cute/tensor.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cutlass/arch/barrier.h>
@@ -19,6 +17,7 @@
 #include "common/attention_mask.h"
 #include "common/backward_rows.h"
 #include "common/bulk_reduce.h"
+#include "common/grid_dependency.h"
 #include "common/sequence.h"
 #include "fa/params.h"
 #include "sm90/bwd_config.h"
@@ -158,9 +157,10 @@ struct BackwardLoad {
     auto do_state = cutlass::make_producer_start_state<PipelinedO>();
     int kv_tiles = 0;  // key tiles whose K and V this CTA has loaded
     int handed = 0;    // next-tile indices handed over
-    // The pre-pass (grid_dependency.h): the first tile's K, V and Q (inputs, complete before the
-    // pre-pass started) are loaded before the wait for it, its lse and everything after it behind.
-    // Measured 2-4 µs a call faster at (1, 64, 1024, 128) (benchmarks/NOTES.md, session 48).
+    // The wait for the pre-pass (grid_dependency.h) comes after the first tile's K, V and Q loads
+    // (inputs, complete before the pre-pass started) and before its step 0's lse, which the
+    // pre-pass writes: measured 3-4 µs a call faster at (1, 64, 1024, 128) (benchmarks/NOTES.md,
+    // session 48).
     bool waited = false;
     auto wait_once = [&]() {
       if (!waited) wait_for_prior_grid();
