@@ -199,7 +199,6 @@ struct BackwardLoad {
           uint64_t* barrier = pipeline.producer_get_barrier(state);
           copy(tma.with(*barrier), tg, ts(_, state.index()));
         }
-        __syncwarp();
         wait_once();  // lse_log2 and delta are the pre-pass's
         if (leader) {
           const int64_t row = steps.workspace_row(p, seq, batch, step);
