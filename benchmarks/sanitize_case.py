@@ -1,7 +1,8 @@
 """Small odd-length cases for compute-sanitizer (memcheck, racecheck, synccheck), in three parts;
 `python sanitize_case.py [dense] [varlen] [kvcache] [--dims=D,...]` runs the parts named (all without
 arguments; `forward` is dense's forward calls alone, for a change that touches only the forward
-kernels; --dims keeps dense's cases of those head dims).
+kernels; --dims keeps dense's cases of those head dims; --family=sm90 runs dense's and varlen's cases
+on that kernel family alone, e.g. for racecheck, whose pass over every case takes minutes).
 
 dense: the kernels of every head dim fa instantiates (32, 64, 96, 128, 256), forward and backward,
 causal and not, with sequence tails, key-tile counts odd and even (the D = 128 Ampere forward's two
@@ -35,8 +36,16 @@ import fa
 # change to one head dim's kernels).
 dims = [a for a in sys.argv[1:] if a.startswith("--dims=")]
 head_dims = {int(x) for x in dims[0][len("--dims="):].split(",")} if dims else None
-parts = [a for a in sys.argv[1:] if not a.startswith("--dims=")] or ["dense", "varlen", "kvcache"]
+family_args = [a[len("--family="):] for a in sys.argv[1:] if a.startswith("--family=")]
+unknown = [a for a in sys.argv[1:] if a.startswith("--") and not a.startswith(("--dims=", "--family="))]
+if unknown:
+    sys.exit(f"unknown option {unknown[0]}: the options are --dims=D,... and --family=sm80|sm90")
+parts = [a for a in sys.argv[1:] if not a.startswith("--")] or ["dense", "varlen", "kvcache"]
 families = fa.build_info()["device_kernel_families"]
+if family_args:
+    if family_args[0] not in families:
+        sys.exit(f"--family={family_args[0]}: this device runs {families}")
+    families = family_args
 
 
 def dense(backward=True):

@@ -29,7 +29,7 @@
 #   --bench "…"  benchmarks/bench.py arguments (default: the default suite); "skip" to skip
 #   --sanitize   compute-sanitizer memcheck, racecheck and synccheck on a small odd-length case
 #   --sanitize-parts "…"  which parts of benchmarks/sanitize_case.py (dense forward varlen kvcache;
-#                default: dense varlen kvcache)
+#                default: dense varlen kvcache), with its options (--dims=64,128 --family=sm90)
 #   --sanitize-tools "…"  which tools (default: memcheck racecheck synccheck)
 #   --sass       dump the SASS of the fa library and count matrix instructions and spills
 #   --sweep "…"  run benchmarks/tile_sweep.cu on each "B H S causal [D]" case (';'-separated): the
