@@ -99,10 +99,18 @@ def test_gradients_packed_qkv_views(device):
     assert dq.transpose(1, 2).is_contiguous()  # laid out like the input
 
 
-def test_rows_that_see_no_key_get_zero_gradients(device):
-    q, k, v = random_qkv(1, 2, 2, 80, 30, 64, torch.float16, device)
-    _, dq, dk, dv = grads_of(lambda a, b, c: fa.attention(a, b, c, causal=True), q, k, v, torch.randn_like(q))
-    assert torch.equal(dq[:, :, :50], torch.zeros_like(dq[:, :, :50]))
+@pytest.mark.parametrize("seqlens", [(80, 30), (400, 60)], ids=lambda s: "x".join(map(str, s)))
+def test_rows_that_see_no_key_get_zero_gradients(device, seqlens):
+    # 400 queries against 60 keys: the first 340 rows see no key, whole query tiles that no key tile
+    # adds dQ to (the Hopper D = 64 backward does not zero its dQ workspace: its conversion writes
+    # those tiles' zeros). The allocator is poisoned with a 1 MB block of NaN, where the op's
+    # 271 KB workspace is likely to be carved from.
+    sq, sk = seqlens
+    q, k, v = random_qkv(1, 2, 2, sq, sk, 64, torch.float16, device)
+    dout = torch.randn_like(q)
+    poison_cuda_allocator(((1 << 18,), torch.float32), device=q.device)
+    _, dq, dk, dv = grads_of(lambda a, b, c: fa.attention(a, b, c, causal=True), q, k, v, dout)
+    assert torch.equal(dq[:, :, :sq - sk], torch.zeros_like(dq[:, :, :sq - sk]))
     assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
 
 

@@ -2,9 +2,10 @@
 //
 // Pre-pass: delta_i = rowsum(dO_i ∘ O_i), the term every dS_ij of row i subtracts
 //   (dS = P ∘ (dP - delta), since Σ_j P_ij dP_ij = dO_i · O_i), and zeroes the row of the fp32 dQ
-//   workspace that the main kernel accumulates into with atomics. For the Hopper family it also
-//   writes lse in log2 units into a padded workspace (BackwardParams::lse_log2), which the main
-//   kernel loads a tile at a time with bulk copies.
+//   workspace that the main kernel accumulates into with atomics (or, where the main kernel claims
+//   the workspace's tiles, BackwardParams::dq_claims, their claims: common/dq_claims.h). For the
+//   Hopper family it also writes lse in log2 units into a padded workspace
+//   (BackwardParams::lse_log2), which the main kernel loads a tile at a time with bulk copies.
 // Post-pass: dQ = scale · workspace, converted to the input dtype and stored with q's strides.
 //
 // The workspace rows of each (batch entry, query head) are padded to kBackwardRowPadding and lie
@@ -24,6 +25,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "fa/kernels.h"
+#include "common/dq_claims.h"
 #include "common/grid_dependency.h"
 #include "common/sequence.h"
 #include "fa/params.h"
@@ -81,6 +83,11 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
   const float* lse = p.lse + seq.lse_offset(p, batch, head);
   float* lse_log2 = p.lse_log2 != nullptr ? p.lse_log2 + first_row : nullptr;
   float* accum = p.dq_accum + first_row * p.head_dim_rounded;
+  // With claims (common/dq_claims.h) the workspace is not zeroed: the claims of this CTA's rows are.
+  const bool zero_accum = p.dq_claims == nullptr;
+  if (!zero_accum && threadIdx.x < Shape::kRowsPerBlock / kDqClaimRows) {
+    p.dq_claims[(first_row + blockIdx.x * Shape::kRowsPerBlock) / kDqClaimRows + threadIdx.x] = kUnclaimed;
+  }
 
   // The loads of kGroup passes are issued before any of their stores (the compiler cannot move
   // a load above a store that may alias it), so that a thread has that many rows' loads in flight
@@ -121,10 +128,12 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
       // The row's kHeadDim zeros in 16-byte stores, lane j of the row's group taking vectors j,
       // j + kThreadsPerRow, …: each store instruction of a warp covers whole rows' contiguous
       // bytes (with each lane's own 32 bytes, every instruction wrote half of each sector).
-      float4* accum_row = reinterpret_cast<float4*>(accum + int64_t(row) * p.head_dim_rounded);
-      CUTLASS_PRAGMA_UNROLL
-      for (int u = threadIdx.x % Shape::kThreadsPerRow; u < kHeadDim / 4; u += Shape::kThreadsPerRow) {
-        accum_row[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (zero_accum) {
+        float4* accum_row = reinterpret_cast<float4*>(accum + int64_t(row) * p.head_dim_rounded);
+        CUTLASS_PRAGMA_UNROLL
+        for (int u = threadIdx.x % Shape::kThreadsPerRow; u < kHeadDim / 4; u += Shape::kThreadsPerRow) {
+          accum_row[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
       }
     }
   }

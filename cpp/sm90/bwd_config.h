@@ -133,6 +133,11 @@ struct BackwardConfig {
   static constexpr int kdQWarpgroupFloats = kBlockM * kHeadDim / kMmaWarpgroups;
   static constexpr bool kdQFromRegisters = kSplitHeadDim;
   static constexpr int kdQStages = kdQFromRegisters ? 0 : 2;
+  // The workspace's query tiles claimed instead of zeroed (common/dq_claims.h) at head dim 64: its
+  // backward 1.7–3% faster. At D = 128 the claims cost 0–8% (the longer non-causal rows the most):
+  // there about half of the steps found their tile claimed and unpublished and waited for it
+  // (benchmarks/NOTES.md, session 50).
+  static constexpr bool kdQClaims = !kdQFromRegisters && kHeadDim <= 64;
 
   // The buffers only some configurations have, as base classes present or empty: Pᵀ (split head
   // dim; laid out as dSᵀ, two buffers) and dQ's staging buffers (not with kdQFromRegisters).

@@ -11,6 +11,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "common/backward_rows.h"
+#include "common/dq_claims.h"
 #include "common/grid_dependency.h"
 #include "common/element.h"
 #include "fa/kernels.h"
@@ -58,17 +59,23 @@ __global__ void __launch_bounds__(Config::kMmaThreads)
   wait_for_prior_grid();  // the main kernel's dQ sums
   const Sequence seq = Sequence::of(p, batch);
   if (row_begin >= seq.seqlen_q) return;  // varlen: the grid covers the longest sequence
-  const float* tile = p.dq_accum + (seq.workspace_row(p, batch, head) + row_begin) * Config::kHeadDim;
+  const int64_t row = seq.workspace_row(p, batch, head) + row_begin;
+  const float* tile = p.dq_accum + row * Config::kHeadDim;
 
   typename Config::TiledMmadQ mma_dq;
   Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dq); i += 4) {
-    const float4 v = *reinterpret_cast<const float4*>(tile + Config::dq_staging_offset(tid, i));
-    acc_dq(i) = v.x * p.scale;
-    acc_dq(i + 1) = v.y * p.scale;
-    acc_dq(i + 2) = v.z * p.scale;
-    acc_dq(i + 3) = v.w * p.scale;
+  // A claimed workspace's tile that no key tile wrote (its rows see no key) holds no zeros.
+  if (p.dq_claims != nullptr && p.dq_claims[row / kDqClaimRows] == kUnclaimed) {
+    clear(acc_dq);
+  } else {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dq); i += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(tile + Config::dq_staging_offset(tid, i));
+      acc_dq(i) = v.x * p.scale;
+      acc_dq(i + 1) = v.y * p.scale;
+      acc_dq(i + 2) = v.z * p.scale;
+      acc_dq(i + 3) = v.w * p.scale;
+    }
   }
   Tensor rdQ = convert_fragment<Element>(acc_dq);
   Tensor sdQ = make_tensor(make_smem_ptr(smem_dq), SmemLayoutdQ{});
@@ -83,11 +90,15 @@ __global__ void __launch_bounds__(Config::kMmaThreads)
 }
 
 template <class Config, bool kCausal>
-cudaError_t launch_backward(const BackwardParams& p, cudaStream_t stream) {
+cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Config::Element;
   constexpr int kHeadDim = Config::kHeadDim;
   static_assert(kBackwardRowPadding % Config::kBlockM == 0, "query tiles inside the padded workspaces");
+  // dQ's workspace tiles are claimed (common/dq_claims.h) where Config::kdQClaims says so; else the
+  // pre-pass zeroes the workspace.
+  BackwardParams p = call;
+  if constexpr (!Config::kdQClaims) p.dq_claims = nullptr;
   cudaError_t err = launch_backward_preprocess<Element, kHeadDim>(p, stream);
   if (err != cudaSuccess) return err;
 

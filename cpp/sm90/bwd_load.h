@@ -17,6 +17,7 @@
 #include "common/attention_mask.h"
 #include "common/backward_rows.h"
 #include "common/bulk_reduce.h"
+#include "common/dq_claims.h"
 #include "common/grid_dependency.h"
 #include "common/sequence.h"
 #include "fa/params.h"
@@ -236,9 +237,12 @@ struct BackwardLoad {
 //   kdQEmpty + w  the writer arrives once the buffer of step t + 1 (the one step t + 1 -
 //                 kdQStages used) has been read by its reduction; the consumers wait before
 //                 writing into it.
+// Config::kdQClaims: the workspace is not zeroed; the first key tile to come to a query tile stores
+// its partial, and the others add to it once that store is complete (common/dq_claims.h).
 template <class Config, bool kCausal>
 struct BackwardDqWriter {
   static constexpr int kBarrierThreads = 128 + 32;
+  static_assert(Config::kBlockM % kDqClaimRows == 0, "a query tile is whole claims");
 
   template <class Params, class Storage, class Handoff>
   CUTE_DEVICE static void run(Params const& params, Storage& smem, Handoff const& handoff) {
@@ -246,6 +250,11 @@ struct BackwardDqWriter {
     constexpr int kFloats = Config::kdQWarpgroupFloats;
     const BackwardParams& p = params.attn;
     const bool leader = cute::elect_one_sync();
+    int* pending = nullptr;  // the leader's: a tile it stored whose claim it has not published
+    auto publish = [&] {
+      if (pending != nullptr) dq_claim_publish(pending);
+      pending = nullptr;
+    };
     int received = 0;
     for (int tile_index = blockIdx.x; tile_index < params.order.size();
          tile_index = handoff.receive_in_writer(received++)) {
@@ -259,24 +268,45 @@ struct BackwardDqWriter {
       for (auto step = steps.first(); step.t < count; steps.advance(step)) {
         const int t = step.t;
         const float* staging = smem.dq.data() + Config::dq_staging_buffer(t);
-        float* dq_tile = p.dq_accum + steps.workspace_row(p, seq, tile.batch, step) * Config::kHeadDim;
+        const int64_t row = steps.workspace_row(p, seq, tile.batch, step);
+        float* dq_tile = p.dq_accum + row * Config::kHeadDim;
+        int* const claim = Config::kdQClaims ? p.dq_claims + row / kDqClaimRows : nullptr;
+        int state = kWritten;
+        if constexpr (Config::kdQClaims) {
+          if (leader) {
+            publish();  // the step before's store (if first there) has had a step to complete
+            state = dq_claim(claim);
+          }
+        }
         CUTE_UNROLL
         for (int w = 0; w < kWarpgroups; ++w) {
           barrier_sync(BackwardBarrier::kdQFull, kBarrierThreads, w);
           if (leader) {
-            bulk_reduce_add(dq_tile + w * kFloats, staging + w * kFloats, kFloats * int(sizeof(float)));
-            // Warpgroup w's reduction of step t + 1 - kdQStages has read its buffer once at most
-            // the newer ones (kWarpgroups a step since) are pending.
+            if (state == kUnclaimed) {
+              bulk_store(dq_tile + w * kFloats, staging + w * kFloats, kFloats * int(sizeof(float)));
+            } else {
+              if (Config::kdQClaims && w == 0) {
+                if (state == kClaimed) dq_claim_wait_written(claim);  // this CTA holds no unpublished claim
+                dq_claim_fence_acquired();
+              }
+              bulk_reduce_add(dq_tile + w * kFloats, staging + w * kFloats, kFloats * int(sizeof(float)));
+            }
+            // Warpgroup w's copy of step t + 1 - kdQStages has read its buffer once at most the
+            // newer ones (kWarpgroups a step since) are pending.
             bulk_reduce_wait_read<kWarpgroups * (Config::kdQStages - 1)>();
           }
           __syncwarp();
           if (t + 1 < count) barrier_arrive(BackwardBarrier::kdQEmpty, kBarrierThreads, w);
         }
+        if (leader && state == kUnclaimed) pending = claim;
       }
-      // Every reduction of the tile has read its buffer before the next tile's first step writes
-      // into them (and before the CTA exits); their additions in L2 complete on their own (as a
-      // TMA store's do), visible to the next kernel.
-      if (leader) bulk_reduce_wait_read();
+      // Every copy of the tile has read its buffer before the next tile's first step writes into
+      // them (and before the CTA exits); their additions in L2 complete on their own (as a TMA
+      // store's do), visible to the next kernel. A store still unpublished is published here.
+      if (leader) {
+        if (pending != nullptr) publish();
+        else bulk_reduce_wait_read();
+      }
       __syncwarp();
     }
   }

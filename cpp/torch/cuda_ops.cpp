@@ -402,12 +402,14 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   const int64_t head_rows =
       (p.total_q + (s.batch + 1) * kBackwardRowPadding - 1) / kBackwardRowPadding * kBackwardRowPadding;
   // One allocation for all of them (an allocation costs host time at every call): dQ's rows, then
-  // delta's, then (Hopper) lse_log2's and the tile counter, each part 512-byte aligned (the rows
-  // are padded to 128).
+  // delta's, then (Hopper) lse_log2's, the tile counter (128 floats' room) and the dQ claims (an
+  // int per kDqClaimRows rows), each part 512-byte aligned (the rows are padded to 128).
   const bool sm90 = kernels.family == Family::kSm90;
   const int64_t rows = packed ? s.heads_q * head_rows : s.batch * s.heads_q * rounded;
   const int64_t dq_floats = rows * kernels.head_dim;
-  const Tensor workspace = torch::stable::new_empty(q, {dq_floats + (sm90 ? 2 * rows + 128 : rows)}, ScalarType::Float);
+  const int64_t claims = rows / kDqClaimRows;
+  const Tensor workspace =
+      torch::stable::new_empty(q, {dq_floats + (sm90 ? 2 * rows + 128 + claims : rows)}, ScalarType::Float);
   float* const base = static_cast<float*>(workspace.data_ptr());
 
   fill_forward_params(p, q, in.k, in.v, in.out, in.lse, s, scale);
@@ -423,6 +425,7 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   p.delta = base + dq_floats;
   p.lse_log2 = sm90 ? base + dq_floats + rows : nullptr;
   p.tile_counter = sm90 ? reinterpret_cast<int*>(base + dq_floats + 2 * rows) : nullptr;  // zeroed by the pre-pass
+  p.dq_claims = sm90 ? reinterpret_cast<int*>(base + dq_floats + 2 * rows + 128) : nullptr;  // so are these
   p.seqlen_q_rounded = static_cast<int>(rounded);
   p.head_dim_rounded = kernels.head_dim;
   p.workspace_head_rows = packed ? head_rows : 0;

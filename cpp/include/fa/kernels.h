@@ -13,6 +13,10 @@ namespace fa {
 // Rows of the query tile the backward's workspaces (dQ, delta, lse_log2) are padded to: a multiple
 // of every family's backward query tile.
 inline constexpr int kBackwardRowPadding = 128;
+// Workspace rows per dQ claim (BackwardParams::dq_claims, common/dq_claims.h): a divisor of the
+// padding and of the Hopper backward's query tiles.
+inline constexpr int kDqClaimRows = 64;
+static_assert(kBackwardRowPadding % kDqClaimRows == 0);
 
 // Query rows of the Ampere family's KV-cache (decode) tile: a CTA serves one kv head, its rows the
 // group's query heads × positions (sm80/fwd_launch.h DecodeTile). The binding sizes split-KV by it.

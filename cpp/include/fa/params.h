@@ -86,7 +86,11 @@ struct BackwardParams : ForwardParams {
   // Workspaces, float32 and owned by the caller, written by the pre-pass. Their rows: those of
   // each (batch, query head) padded to a multiple of kBackwardRowPadding (fa/kernels.h), at
   // workspace_rows (below); dQ's rows hold head_dim_rounded floats.
-  float* dq_accum = nullptr;   // zeroed by the pre-pass
+  float* dq_accum = nullptr;   // zeroed by the pre-pass, unless dq_claims
+  // Hopper family where its backward claims (sm90::BackwardConfig::kdQClaims; else null): one int
+  // per kDqClaimRows workspace rows, zeroed by the pre-pass in dq_accum's place; the first key tile
+  // to add to a query tile stores instead (common/dq_claims.h).
+  int* dq_claims = nullptr;
   float* delta = nullptr;      // rowsum(dO ∘ O)
   // Hopper family only (else null): lse · log2(e) with +inf for a row that sees no key or lies
   // past seqlen_q, so that exp2(s · scale_log2 - lse_log2) is P (0 there).

@@ -1,0 +1,81 @@
+// dQ workspace tiles claimed instead of zeroed (the Hopper family's backward where
+// BackwardConfig::kdQClaims: head dim 64).
+//
+// Every key tile adds its dQ partial of a query tile to the fp32 workspace by a bulk reduction;
+// the workspace then has to start at zero, and zeroing it is the larger half of the pre-pass's
+// bytes (at D = 128, 8 bytes of zeros for every 4 bytes of O and dO it reads). Instead, one int per
+// kDqClaimRows workspace rows (BackwardParams::dq_claims, zeroed by the pre-pass) says who writes a
+// query tile first:
+//   kUnclaimed  no key tile has come to it yet;
+//   kClaimed    the key tile that came first stores its partial (a bulk copy, no addition);
+//   kWritten    that store is complete: every other key tile adds to it.
+// A CTA's dQ writer takes a tile's claim with a compare-and-swap; it publishes kWritten once its
+// store has completed (at its next step, before it might wait on another tile's claim, so that no
+// two CTAs can wait on each other); one that finds kClaimed waits for kWritten before its reduction.
+// The post-pass reads a tile whose claim is still kUnclaimed (no key tile sees its rows) as zeros.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/config.hpp>
+
+#include "fa/kernels.h"  // kDqClaimRows
+
+namespace fa {
+
+enum DqClaim : int { kUnclaimed = 0, kClaimed = 1, kWritten = 2 };
+
+// gmem[i] = smem[i] for bytes / 4 floats, asynchronously, in the bulk group of the reductions
+// (bulk_reduce.h: the same waits apply). Both addresses 16-byte aligned, bytes a multiple of 16.
+CUTE_DEVICE void bulk_store(float* gmem, const float* smem, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const auto smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+               :: "l"(gmem), "r"(smem_addr), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Takes the claim if no one has (returns kUnclaimed, the caller now owns the first write), else
+// returns the state found, with acquire semantics (a kWritten found orders the store before what
+// follows).
+CUTE_DEVICE int dq_claim(int* claim) {
+  int old = kUnclaimed;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("atom.acquire.gpu.global.cas.b32 %0, [%1], %2, %3;\n"
+               : "=r"(old) : "l"(claim), "r"(int(kUnclaimed)), "r"(int(kClaimed)) : "memory");
+#endif
+  return old;
+}
+
+// Waits (spinning) until the claim reads kWritten, with acquire semantics.
+CUTE_DEVICE void dq_claim_wait_written(const int* claim) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  for (;;) {
+    int state;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(state) : "l"(claim) : "memory");
+    if (state == kWritten) break;
+    __nanosleep(64);
+  }
+#endif
+}
+
+// After an acquire (dq_claim, dq_claim_wait_written): orders the bulk reductions this thread
+// issues next after it (they run in the async proxy).
+CUTE_DEVICE void dq_claim_fence_acquired() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+
+// Publishes a claim whose store this thread issued: waits for all of its bulk operations to
+// complete (their writes performed), then releases kWritten.
+CUTE_DEVICE void dq_claim_publish(int* claim) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" :: "l"(claim), "r"(int(kWritten)) : "memory");
+#endif
+}
+
+}  // namespace fa
