@@ -1,6 +1,7 @@
 // The bulk reduction of a shared-memory block into global memory (cp.reduce.async.bulk ...
 // .add.f32, sm90): the copy engine adds it in L2, asynchronously. Both kernel families' backwards
-// add their dQ tiles into the fp32 workspace with it. Compiled for an arch before sm90 (the Ampere
+// add their dQ tiles into the fp32 workspace with it (and the Hopper D = 64 backward stores a
+// query tile's first partial with the plain bulk copy, common/dq_claims.h). Compiled for an arch before sm90 (the Ampere
 // family's kernel there reduces otherwise), these do nothing.
 #pragma once
 
@@ -24,6 +25,17 @@ CUTE_DEVICE void bulk_reduce_add(float* gmem, const float* smem, int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const auto smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               :: "l"(gmem), "r"(smem_addr), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+
+// gmem[i] = smem[i] for bytes / 4 floats, asynchronously, as a bulk group like a reduction's (the
+// waits below count it). Both addresses 16-byte aligned, bytes a multiple of 16.
+CUTE_DEVICE void bulk_store(float* gmem, const float* smem, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const auto smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
                :: "l"(gmem), "r"(smem_addr), "r"(bytes) : "memory");
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 #endif

@@ -19,22 +19,12 @@
 
 #include <cute/config.hpp>
 
-#include "fa/kernels.h"  // kDqClaimRows
+#include "common/bulk_reduce.h"  // bulk_store, the claimer's
+#include "fa/kernels.h"            // kDqClaimRows
 
 namespace fa {
 
 enum DqClaim : int { kUnclaimed = 0, kClaimed = 1, kWritten = 2 };
-
-// gmem[i] = smem[i] for bytes / 4 floats, asynchronously, in the bulk group of the reductions
-// (bulk_reduce.h: the same waits apply). Both addresses 16-byte aligned, bytes a multiple of 16.
-CUTE_DEVICE void bulk_store(float* gmem, const float* smem, int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const auto smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
-               :: "l"(gmem), "r"(smem_addr), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
 
 // Takes the claim if no one has (returns kUnclaimed, the caller now owns the first write), else
 // returns the state found, with acquire semantics (a kWritten found orders the store before what
