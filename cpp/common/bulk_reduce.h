@@ -1,8 +1,8 @@
 // The bulk reduction of a shared-memory block into global memory (cp.reduce.async.bulk ...
 // .add.f32, sm90): the copy engine adds it in L2, asynchronously. Both kernel families' backwards
 // add their dQ tiles into the fp32 workspace with it (and the Hopper D = 64 backward stores a
-// query tile's first partial with the plain bulk copy, common/dq_claims.h). Compiled for an arch before sm90 (the Ampere
-// family's kernel there reduces otherwise), these do nothing.
+// query tile's first partial with the plain bulk copy, common/dq_claims.h). Compiled for an arch
+// before sm90 (the Ampere family's kernel there reduces otherwise), these do nothing.
 #pragma once
 
 #include <cstdint>
