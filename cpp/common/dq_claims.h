@@ -19,7 +19,7 @@
 
 #include <cute/config.hpp>
 
-#include "common/bulk_reduce.h"  // bulk_store, the claimer's
+#include "common/bulk_reduce.h"  // bulk_reduce_wait_all
 #include "fa/kernels.h"            // kDqClaimRows
 
 namespace fa {
@@ -62,7 +62,7 @@ CUTE_DEVICE void dq_claim_fence_acquired() {
 // complete (their writes performed), then releases kWritten.
 CUTE_DEVICE void dq_claim_publish(int* claim) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  bulk_reduce_wait_all();
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" :: "l"(claim), "r"(int(kWritten)) : "memory");
 #endif

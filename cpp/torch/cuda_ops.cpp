@@ -425,7 +425,9 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   p.delta = base + dq_floats;
   p.lse_log2 = sm90 ? base + dq_floats + rows : nullptr;
   p.tile_counter = sm90 ? reinterpret_cast<int*>(base + dq_floats + 2 * rows) : nullptr;  // zeroed by the pre-pass
-  p.dq_claims = sm90 ? reinterpret_cast<int*>(base + dq_floats + 2 * rows + 128) : nullptr;  // so are these
+  // The dQ claims: used (and zeroed by the pre-pass) where the Hopper kernel claims the workspace's
+  // tiles instead of zeroing them; its launcher decides (sm90::BackwardConfig::kdQClaims).
+  p.dq_claims = sm90 ? reinterpret_cast<int*>(base + dq_floats + 2 * rows + 128) : nullptr;
   p.seqlen_q_rounded = static_cast<int>(rounded);
   p.head_dim_rounded = kernels.head_dim;
   p.workspace_head_rows = packed ? head_rows : 0;
