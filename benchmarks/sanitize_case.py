@@ -1,8 +1,9 @@
 """Small odd-length cases for compute-sanitizer (memcheck, racecheck, synccheck), in three parts;
-`python sanitize_case.py [dense] [varlen] [kvcache] [--dims=D,...] [--family=sm80|sm90]` runs the parts named (all without
-arguments; `forward` is dense's forward calls alone, for a change that touches only the forward
-kernels; --dims keeps dense's cases of those head dims; --family=sm90 runs dense's and varlen's cases
-on that kernel family alone, e.g. for racecheck, whose pass over every case takes minutes).
+`python sanitize_case.py [dense] [varlen] [kvcache] [--dims=D,...] [--family=sm80|sm90]` runs the
+parts named (all without arguments; `forward` is dense's forward calls alone, for a change that
+touches only the forward kernels; --dims keeps dense's cases of those head dims; --family=sm90 runs
+dense's and varlen's cases on that kernel family alone, e.g. for racecheck, whose pass over every
+case takes minutes).
 
 dense: the kernels of every head dim fa instantiates (32, 64, 96, 128, 256), forward and backward,
 causal and not, with sequence tails, key-tile counts odd and even (the D = 128 Ampere forward's two
