@@ -251,6 +251,28 @@ def test_gradients_more_key_tiles_than_sms(device, case, causal):
     check_backward(q, k, v, causal)
 
 
+MAIN_KERNEL_PREPARES_CASES = [
+    # (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype): more (batch, kv head) units
+    # than the first two waves of the Hopper backward's key tiles need (on a GPU of up to ~150
+    # SMs), so that its pre-pass prepares the rows of the first units only and the main kernel's
+    # spare warps the others (delta, lse_log2, the zeroed dQ workspace or its claims), which its
+    # roles wait for; odd lengths, so the padded rows of a head's last row block too.
+    (4, 32, 32, 1000, 1000, 128, torch.bfloat16),
+    (8, 32, 8, 600, 1700, 64, torch.float16),  # GQA; D = 64: claims instead of zeros
+    (8, 32, 8, 1700, 600, 64, torch.float16),  # causal: the first 1100 rows see no key
+    (4, 16, 16, 700, 900, 256, torch.float16),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", MAIN_KERNEL_PREPARES_CASES, ids=lambda c: "x".join(map(str, c[:6])))
+def test_gradients_rows_prepared_in_the_main_kernel(device, case, causal):
+    if device == "cpu":
+        pytest.skip("large batches: CUDA only (the CPU path is a plain loop)")
+    q, k, v = random_qkv(*case, device)
+    check_backward(q, k, v, causal)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_backward_family_serves_the_call(family, head_dim):
     # The Hopper family serves the backward for its native backward head dims (those of

@@ -19,6 +19,14 @@ CUTE_DEVICE void fence_shared_for_bulk_copy() {
 #endif
 }
 
+// Orders this thread's bulk copies and reductions (the async proxy) after the global-memory writes
+// it has seen (through an acquire, or as its own): a proxy fence over global memory.
+CUTE_DEVICE void fence_view_async_global() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+
 // gmem[i] += smem[i] for bytes / 4 floats, asynchronously (one thread issues it). Both addresses
 // 16-byte aligned, bytes a multiple of 16.
 CUTE_DEVICE void bulk_reduce_add(float* gmem, const float* smem, int bytes) {

@@ -19,7 +19,7 @@
 
 #include <cute/config.hpp>
 
-#include "common/bulk_reduce.h"  // bulk_reduce_wait_all
+#include "common/bulk_reduce.h"  // bulk_reduce_wait_all, fence_view_async_global
 #include "fa/kernels.h"            // kDqClaimRows
 
 namespace fa {
@@ -50,20 +50,12 @@ CUTE_DEVICE void dq_claim_wait_written(const int* claim) {
 #endif
 }
 
-// After an acquire (dq_claim, dq_claim_wait_written): orders the bulk reductions this thread
-// issues next after it (they run in the async proxy).
-CUTE_DEVICE void dq_claim_fence_acquired() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-#endif
-}
-
 // Publishes a claim whose store this thread issued: waits for all of its bulk operations to
 // complete (their writes performed), then releases kWritten.
 CUTE_DEVICE void dq_claim_publish(int* claim) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   bulk_reduce_wait_all();
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  fence_view_async_global();
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" :: "l"(claim), "r"(int(kWritten)) : "memory");
 #endif
 }

@@ -23,6 +23,11 @@
 //                         through two kStages-deep pipelines. 24 registers a thread.
 //                warp 1   dQ writer (bwd_load.h): adds the consumers' staged dQ tiles to the
 //                         workspace by bulk reductions (not above head dim 128, see below).
+//                warps 2, 3  where the pre-pass left units to the main kernel
+//                         (BackwardParams::unit_ready): prepare their rows (delta, lse_log2, the
+//                         zeroed workspace or claims; common/backward_rows.h) while the consumers
+//                         compute; the producer and the dQ writer wait for a unit's rows before
+//                         its key tiles' loads and reductions.
 //   warpgroups 1, 2       consumers: 64 keys each for Sᵀ, dPᵀ, dV, dK; half of dQ's columns each.
 //                         240 registers a thread.
 // A step of a consumer warpgroup: issue Sᵀ and dPᵀ; Pᵀ once Sᵀ is done; dSᵀ once dPᵀ is done;
@@ -43,6 +48,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/attention_mask.h"
+#include "common/backward_rows.h"
 #include "common/fragment_convert.h"
 #include "common/grid_dependency.h"
 #include "common/sequence.h"
@@ -312,6 +318,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if (warp == 0) BackwardLoad<Config, kCausal>::run(params, smem, pipeline_q, pipeline_do, handoff);
     if constexpr (!Config::kdQFromRegisters) {
       if (warp == 1) BackwardDqWriter<Config, kCausal>::run(params, smem, handoff);
+    }
+    // Warps 2 and 3 prepare the rows of the units the pre-pass left (BackwardParams::unit_ready).
+    if (warp >= 2 && params.attn.unit_ready != nullptr) {
+      prepare_rows_in_warp<typename Config::Element, Config::kHeadDim>(params.attn);
     }
     return;
   }

@@ -99,7 +99,35 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   // pre-pass zeroes the workspace.
   BackwardParams p = call;
   if constexpr (!Config::kdQClaims) p.dq_claims = nullptr;
-  cudaError_t err = launch_backward_preprocess<Element, kHeadDim>(p, stream);
+
+  // What one (batch, kv head) streams through L2: Q and dO of its query heads and their dQ
+  // workspace rows. The sections of the causal order fill at most kL2Budget of the H100's 50 MB.
+  constexpr int64_t kL2Budget = 40ll << 20;
+  const int group = p.heads_q / p.heads_kv;
+  const int64_t unit_bytes = int64_t(group) * p.seqlen_q_rounded * kHeadDim * (2 * sizeof(Element) + sizeof(float));
+  const int n_blocks = (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
+  if (int64_t(n_blocks) * p.heads_kv * p.batch > INT32_MAX) return cudaErrorInvalidConfiguration;  // a 1-D grid
+  const auto order = BackwardTileOrder::make(n_blocks, p.heads_kv, p.batch, kCausal, unit_bytes, kL2Budget);
+  // Persistent: about one CTA per SM, each taking key tiles of the order until none is left.
+  int sms = 0;
+  cudaError_t err = current_device_sms(sms);
+  if (err != cudaSuccess) return err;
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(order.size(), sms));
+  // The pre-pass prepares the rows of the units that the first two waves of key tiles need (whole
+  // sections of the order) and the main kernel's spare warps the rest, under its GEMMs
+  // (BackwardParams::unit_ready; the binding sets it for rectangular batches): a call then waits
+  // for a fraction of the pre-pass's time.
+  if (p.unit_ready != nullptr) {
+    const Sections& s = order.order;
+    const int64_t last = std::min<int64_t>(order.size(), 2 * grid) - 1;
+    const int64_t units = std::min<int64_t>(s.units, (last / (int64_t(s.section) * s.per_unit) + 1) * s.section);
+    if (units >= s.units || units * group > 65535) {
+      p.unit_ready = nullptr;
+    } else {
+      p.prepared_units = int(units);
+    }
+  }
+  err = launch_backward_preprocess<Element, kHeadDim>(p, stream);
   if (err != cudaSuccess) return err;
 
   // A varlen batch's packed tensors as one batch entry of total rows (bwd_load.h offsets each
@@ -130,14 +158,6 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   auto tma_v = kv_load(p.v, p.v_stride);
   auto tma_dk = kv_store(p.dk, p.dk_stride);
   auto tma_dv = kv_store(p.dv, p.dv_stride);
-  // What one (batch, kv head) streams through L2: Q and dO of its query heads and their dQ
-  // workspace rows. The sections of the causal order fill at most kL2Budget of the H100's 50 MB.
-  constexpr int64_t kL2Budget = 40ll << 20;
-  const int64_t unit_bytes = int64_t(p.heads_q / p.heads_kv) * p.seqlen_q_rounded * kHeadDim *
-                             (2 * sizeof(Element) + sizeof(float));
-  const int n_blocks = (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
-  if (int64_t(n_blocks) * p.heads_kv * p.batch > INT32_MAX) return cudaErrorInvalidConfiguration;  // a 1-D grid
-  const auto order = BackwardTileOrder::make(n_blocks, p.heads_kv, p.batch, kCausal, unit_bytes, kL2Budget);
   using Params = BackwardKernelParams<decltype(tma_q), decltype(tma_k), decltype(tma_dk)>;
   Params params{p, order, tma_q, tma_do, tma_k, tma_v, tma_dk, tma_dv};
 
@@ -146,11 +166,6 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   static PerDevice smem_opted_in;
   err = opt_in_smem(smem_opted_in, kernel, kSmem);
   if (err != cudaSuccess) return err;
-  // Persistent: about one CTA per SM, each taking key tiles of the order until none is left.
-  int sms = 0;
-  err = current_device_sms(sms);
-  if (err != cudaSuccess) return err;
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(order.size(), sms));
   // Both kernels after the pre-pass start as the kernel ahead of them drains (grid_dependency.h).
   err = launch_after_prior_grid(kernel, dim3(unsigned(grid)), dim3(Config::kThreads), kSmem, stream, params);
   if (err != cudaSuccess) return err;

@@ -175,6 +175,15 @@ struct BackwardLoad {
       const int b = ext.batch_index(batch);
       const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, n_block, head_kv);
       const int count = has_keys ? steps.count : 0;
+      // A unit the main kernel prepares (BackwardParams::unit_ready): its rows' lse_log2 and delta
+      // once they are written, before any of this tile's loads (whose barriers the consumers wait
+      // on: that orders their reads after the rows' writes too), then the async proxy's view.
+      const int unit = batch * p.heads_kv + head_kv;
+      if (count > 0 && p.unit_ready != nullptr && unit >= p.prepared_units) {
+        wait_once();
+        wait_unit_prepared(p, unit);
+        fence_view_async_global();
+      }
 
       // K and V, once the previous key tile's dK and dV have left their buffers.
       auto load_kv = [&]() {
@@ -262,6 +271,12 @@ struct BackwardDqWriter {
       const Sequence seq = Sequence::of(p, tile.batch);
       const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, tile.n_block, tile.head_kv);
       const int count = tile.n_block * Config::kBlockN < seq.seqlen_k ? steps.count : 0;
+      // A unit the main kernel prepares: its workspace rows zeroed (or claims) before the first
+      // reduction (or claim), which runs in the async proxy.
+      if (count > 0 && p.unit_ready != nullptr) {
+        wait_unit_prepared(p, tile.batch * p.heads_kv + tile.head_kv);
+        fence_view_async_global();
+      }
       if (count > 0) {
         for (int w = 0; w < kWarpgroups; ++w) barrier_arrive(BackwardBarrier::kdQEmpty, kBarrierThreads, w);
       }
@@ -287,7 +302,7 @@ struct BackwardDqWriter {
             } else {
               if (Config::kdQClaims && w == 0) {
                 if (state == kClaimed) dq_claim_wait_written(claim);  // this CTA holds no unpublished claim
-                dq_claim_fence_acquired();
+                fence_view_async_global();  // the bulk reduction after the acquire
               }
               bulk_reduce_add(dq_tile + w * kFloats, staging + w * kFloats, kFloats * int(sizeof(float)));
             }

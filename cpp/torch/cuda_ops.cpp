@@ -402,14 +402,18 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   const int64_t head_rows =
       (p.total_q + (s.batch + 1) * kBackwardRowPadding - 1) / kBackwardRowPadding * kBackwardRowPadding;
   // One allocation for all of them (an allocation costs host time at every call): dQ's rows, then
-  // delta's, then (Hopper) lse_log2's, the tile counter (128 floats' room) and the dQ claims (an
-  // int per kDqClaimRows rows), each part 512-byte aligned (the rows are padded to 128).
+  // delta's, then (Hopper) lse_log2's, the tile counters (128 floats' room), the dQ claims (an
+  // int per kDqClaimRows rows) and the units' prepared row blocks, each part but the last 512-byte
+  // aligned (the rows are padded to 128).
   const bool sm90 = kernels.family == Family::kSm90;
   const int64_t rows = packed ? s.heads_q * head_rows : s.batch * s.heads_q * rounded;
   const int64_t dq_floats = rows * kernels.head_dim;
   const int64_t claims = rows / kDqClaimRows;
-  const Tensor workspace =
-      torch::stable::new_empty(q, {dq_floats + (sm90 ? 2 * rows + 128 + claims : rows)}, ScalarType::Float);
+  // Rectangular batches (Hopper): an int per (batch, kv head) unit, the row blocks the main kernel
+  // has prepared of it (BackwardParams::unit_ready; its launcher decides whether it prepares any).
+  const int64_t units = sm90 && !packed ? int64_t(s.batch) * s.heads_kv : 0;
+  const Tensor workspace = torch::stable::new_empty(
+      q, {dq_floats + (sm90 ? 2 * rows + 128 + claims + units : rows)}, ScalarType::Float);
   float* const base = static_cast<float*>(workspace.data_ptr());
 
   fill_forward_params(p, q, in.k, in.v, in.out, in.lse, s, scale);
@@ -428,6 +432,7 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   // The dQ claims: used (and zeroed by the pre-pass) where the Hopper kernel claims the workspace's
   // tiles instead of zeroing them; its launcher decides (sm90::BackwardConfig::kdQClaims).
   p.dq_claims = sm90 ? reinterpret_cast<int*>(base + dq_floats + 2 * rows + 128) : nullptr;
+  p.unit_ready = units > 0 ? reinterpret_cast<int*>(base + dq_floats + 2 * rows + 128 + claims) : nullptr;
   p.seqlen_q_rounded = static_cast<int>(rounded);
   p.head_dim_rounded = kernels.head_dim;
   p.workspace_head_rows = packed ? head_rows : 0;

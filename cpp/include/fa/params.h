@@ -95,6 +95,15 @@ struct BackwardParams : ForwardParams {
   // Hopper family only (else null): lse · log2(e) with +inf for a row that sees no key or lies
   // past seqlen_q, so that exp2(s · scale_log2 - lse_log2) is P (0 there).
   float* lse_log2 = nullptr;
+  // Hopper family, rectangular batches, where its launcher so decides (else null): the pre-pass
+  // prepares (delta, lse_log2, the zeroed workspace or claims) only the rows of the first
+  // prepared_units (batch, kv head) units, unit = batch · heads_kv + kv head, which the main
+  // kernel's first key tiles need; spare warps of the main kernel prepare the others while its
+  // consumers compute, counting each unit's finished row blocks in unit_ready (one int per unit,
+  // zeroed by the pre-pass), which every role waits on before it reads or adds to that unit's rows
+  // (common/backward_rows.h).
+  int* unit_ready = nullptr;
+  int prepared_units = 0;
   int seqlen_q_rounded = 0;   // seqlen_q (the maximum, for varlen) rounded up to the padding
   int head_dim_rounded = 0;
   // Varlen only: the workspaces are (Hq, workspace_head_rows), workspace_head_rows =
