@@ -18,7 +18,10 @@ the tiles whose output is staged in Q's buffer; a D = 256 backward of more key t
 (the Hopper forward's 192-row tile), whose warpgroups skip the key tiles their rows do not see,
 all of them past the last row; and two query tiles a head at D = 128 (8200 keys, the wide tile)
 and D = 256, non-causal: the Hopper forward's CTA pairs, which load K and V into each other's
-shared memory (FA_SM90_FWD_PAIRS; the (8, 700, 300, 128) case runs on them too).
+shared memory (FA_SM90_FWD_PAIRS; the (8, 700, 300, 128) case runs on them too); and 80 (batch,
+kv head) units of 700 keys at each Hopper head dim, more than the first two waves of the Hopper
+backward's key tiles need: its main kernel's spare warps prepare the rows of the rest
+(BackwardParams::unit_ready).
 varlen: a variable-length batch (fa.attention_varlen) with empty sequences on either side,
 one-row and odd-length ones, Sq != Sk per sequence, on each family.
 kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 and 256, a shuffled
@@ -57,7 +60,8 @@ def dense(backward=True):
                                    (1, 77, 133, 96), (1, 130, 61, 32), (1, 77, 133, 256), (8, 700, 300, 128),
                                    (1, 33, 8269, 128), (8, 1100, 200, 256), (4, 1100, 8200, 128),
                                    (3, 300, 2900, 256), (4, 2100, 2100, 64), (1, 2200, 2049, 64),
-                                   (2, 250, 8200, 128), (2, 250, 300, 256)):
+                                   (2, 250, 8200, 128), (2, 250, 300, 256), (40, 300, 700, 64),
+                                   (40, 300, 700, 128), (40, 300, 700, 256)):
                 if head_dims is not None and d not in head_dims:
                     continue
                 q = torch.randn(b, 4, sq, d, device="cuda", dtype=torch.float16, requires_grad=backward)

@@ -24,7 +24,7 @@
 //                warp 1   dQ writer (bwd_load.h): adds the consumers' staged dQ tiles to the
 //                         workspace by bulk reductions (not above head dim 128, see below).
 //                warps 2, 3  where the pre-pass left units to the main kernel
-//                         (BackwardParams::unit_ready): prepare their rows (delta, lse_log2, the
+//                         (BackwardParams::unit_ready, Config::kRowsInMainKernel): prepare their rows (delta, lse_log2, the
 //                         zeroed workspace or claims; common/backward_rows.h) while the consumers
 //                         compute; the producer and the dQ writer wait for a unit's rows before
 //                         its key tiles' loads and reductions.
@@ -320,8 +320,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       if (warp == 1) BackwardDqWriter<Config, kCausal>::run(params, smem, handoff);
     }
     // Warps 2 and 3 prepare the rows of the units the pre-pass left (BackwardParams::unit_ready).
-    if (warp >= 2 && params.attn.unit_ready != nullptr) {
-      prepare_rows_in_warp<typename Config::Element, Config::kHeadDim>(params.attn);
+    if constexpr (Config::kRowsInMainKernel) {
+      if (warp >= 2 && params.attn.unit_ready != nullptr) {
+        prepare_rows_in_warp<typename Config::Element, Config::kHeadDim>(params.attn);
+      }
     }
     return;
   }

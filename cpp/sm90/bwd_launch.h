@@ -99,6 +99,7 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   // pre-pass zeroes the workspace.
   BackwardParams p = call;
   if constexpr (!Config::kdQClaims) p.dq_claims = nullptr;
+  if constexpr (!Config::kRowsInMainKernel) p.unit_ready = nullptr;
 
   // What one (batch, kv head) streams through L2: Q and dO of its query heads and their dQ
   // workspace rows. The sections of the causal order fill at most kL2Budget of the H100's 50 MB.
@@ -113,10 +114,10 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   cudaError_t err = current_device_sms(sms);
   if (err != cudaSuccess) return err;
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(order.size(), sms));
-  // The pre-pass prepares the rows of the units that the first two waves of key tiles need (whole
-  // sections of the order) and the main kernel's spare warps the rest, under its GEMMs
-  // (BackwardParams::unit_ready; the binding sets it for rectangular batches): a call then waits
-  // for a fraction of the pre-pass's time.
+  // Where Config::kRowsInMainKernel, the pre-pass prepares the rows of the units that the first
+  // two waves of key tiles need (whole sections of the order) and the main kernel's spare warps
+  // the rest, under its GEMMs (BackwardParams::unit_ready; the binding sets it for rectangular
+  // batches): a call then waits for a fraction of the pre-pass's time.
   if (p.unit_ready != nullptr) {
     const Sections& s = order.order;
     const int64_t last = std::min<int64_t>(order.size(), 2 * grid) - 1;

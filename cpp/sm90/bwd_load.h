@@ -179,7 +179,7 @@ struct BackwardLoad {
       // once they are written, before any of this tile's loads (whose barriers the consumers wait
       // on: that orders their reads after the rows' writes too), then the async proxy's view.
       const int unit = batch * p.heads_kv + head_kv;
-      if (count > 0 && p.unit_ready != nullptr && unit >= p.prepared_units) {
+      if (Config::kRowsInMainKernel && count > 0 && p.unit_ready != nullptr && unit >= p.prepared_units) {
         wait_once();
         wait_unit_prepared(p, unit);
         fence_view_async_global();
@@ -273,7 +273,7 @@ struct BackwardDqWriter {
       const int count = tile.n_block * Config::kBlockN < seq.seqlen_k ? steps.count : 0;
       // A unit the main kernel prepares: its workspace rows zeroed (or claims) before the first
       // reduction (or claim), which runs in the async proxy.
-      if (count > 0 && p.unit_ready != nullptr) {
+      if (Config::kRowsInMainKernel && count > 0 && p.unit_ready != nullptr) {
         wait_unit_prepared(p, tile.batch * p.heads_kv + tile.head_kv);
         fence_view_async_global();
       }
