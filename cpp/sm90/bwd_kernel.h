@@ -23,11 +23,12 @@
 //                         through two kStages-deep pipelines. 24 registers a thread.
 //                warp 1   dQ writer (bwd_load.h): adds the consumers' staged dQ tiles to the
 //                         workspace by bulk reductions (not above head dim 128, see below).
-//                warps 2, 3  where the pre-pass left units to the main kernel
-//                         (BackwardParams::unit_ready, Config::kRowsInMainKernel): prepare their rows (delta, lse_log2, the
-//                         zeroed workspace or claims; common/backward_rows.h) while the consumers
-//                         compute; the producer and the dQ writer wait for a unit's rows before
-//                         its key tiles' loads and reductions.
+//                warps 2, 3  where the pre-pass left units to the main kernel (D = 64 and 256:
+//                         Config::kRowsInMainKernel, BackwardParams::unit_ready): prepare their
+//                         rows (delta, lse_log2, the zeroed workspace or claims;
+//                         common/backward_rows.h) while the consumers compute; the producer and
+//                         the dQ writer wait for a unit's rows before its key tiles' loads and
+//                         reductions.
 //   warpgroups 1, 2       consumers: 64 keys each for Sᵀ, dPᵀ, dV, dK; half of dQ's columns each.
 //                         240 registers a thread.
 // A step of a consumer warpgroup: issue Sᵀ and dPᵀ; Pᵀ once Sᵀ is done; dSᵀ once dPᵀ is done;

@@ -177,7 +177,8 @@ struct BackwardLoad {
       const int count = has_keys ? steps.count : 0;
       // A unit the main kernel prepares (BackwardParams::unit_ready): its rows' lse_log2 and delta
       // once they are written, before any of this tile's loads (whose barriers the consumers wait
-      // on: that orders their reads after the rows' writes too), then the async proxy's view.
+      // on: that orders their reads, and at D = 256 their dQ reductions into the zeroed
+      // workspace, after the rows' writes too), then the async proxy's view.
       const int unit = batch * p.heads_kv + head_kv;
       if (Config::kRowsInMainKernel && count > 0 && p.unit_ready != nullptr && unit >= p.prepared_units) {
         wait_once();
