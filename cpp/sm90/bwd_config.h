@@ -140,7 +140,7 @@ struct BackwardConfig {
   static constexpr bool kdQClaims = !kdQFromRegisters && kHeadDim <= 64;
   // The rows of the units past the first two waves' prepared by the main kernel's warps 2 and 3
   // instead of the pre-pass (BackwardParams::unit_ready), at head dims 64 and 256: there the
-  // backward's kernels took 1.2–2.8% (D = 64) and 0–4.4% (D = 256) less time, 0.985–1.006× the
+  // backward's kernels took 1.2–2.8% (D = 64) and 0–4.4% (D = 256) less time, 0.986–1.001× the
   // time at the power limit. At D = 128 the main kernel slowed by about what the pre-pass saved
   // (level at the limit; benchmarks/NOTES.md, session 51).
   static constexpr bool kRowsInMainKernel = kHeadDim != 128;
