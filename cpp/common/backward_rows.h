@@ -206,7 +206,8 @@ __device__ __forceinline__ void wait_unit_prepared(const BackwardParams& p, int 
 #endif
 }
 
-// The grid of both row passes: kRowsPerBlock (= kBackwardRowPadding) rows of one (batch, head) per CTA.
+// The row passes' grid over every head's rows (the pre-pass's, unless the main kernel prepares
+// some units): kRowsPerBlock (= kBackwardRowPadding) rows of one (batch, head) per CTA.
 inline dim3 backward_row_grid(const BackwardParams& p) {
   return dim3(p.seqlen_q_rounded / kBackwardRowPadding, p.heads_q, p.batch);
 }
