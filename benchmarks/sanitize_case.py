@@ -21,7 +21,7 @@ and D = 256, non-causal: the Hopper forward's CTA pairs, which load K and V into
 shared memory (FA_SM90_FWD_PAIRS; the (8, 700, 300, 128) case runs on them too); and 80 (batch,
 kv head) units of 700 keys at each Hopper head dim, more than the first two waves of the Hopper
 backward's key tiles need: its main kernel's spare warps prepare the rows of the rest
-(BackwardParams::unit_ready).
+(BackwardParams::unit_ready). The causal D = 128 cases run the Hopper forward's 192 × 80 tiles.
 varlen: a variable-length batch (fa.attention_varlen) with empty sequences on either side,
 one-row and odd-length ones, Sq != Sk per sequence, on each family.
 kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 and 256, a shuffled

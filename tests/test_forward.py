@@ -72,13 +72,14 @@ def test_matches_reference_bf16(device, shape, causal):
 
 # Shapes where some consumer warpgroup of a Hopper forward tile sees fewer key tiles than the tile
 # (sm90/fwd_mainloop.h, own_blocks: it skips the rest): D = 64 from 2048 query rows (192 × 128
-# tiles; 2100 leaves warpgroups past the end), D = 256 (128 × 80), queries and keys of different
-# lengths, rows that see no key (causal with more queries than keys).
+# tiles; 2100 leaves warpgroups past the end), D = 256 (128 × 80), causal D = 128 (192 × 80),
+# queries and keys of different lengths, rows that see no key (causal with more queries than keys).
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(1, 2, 2, 2100, 2100, 64), (1, 2, 2, 2200, 2049, 64),
                                    (1, 2, 2, 2049, 3000, 64), (1, 2, 2, 700, 700, 256),
-                                   (1, 2, 2, 700, 333, 256)],
+                                   (1, 2, 2, 700, 333, 256), (1, 2, 2, 700, 700, 128),
+                                   (1, 2, 2, 1000, 333, 128), (2, 4, 2, 130, 1100, 128)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_warpgroups_skip_key_tiles_their_rows_do_not_see(device, shape, causal, dtype):
     q, k, v = random_qkv(*shape, dtype, device)
@@ -197,6 +198,18 @@ def test_long_key_sequences(device, shape, dtype):
         pytest.skip("long sequences: CUDA only (the CPU path is a plain loop)")
     q, k, v = random_qkv(*shape, dtype, device)
     check_forward(q, k, v, causal=False)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_causal_head_dim_128_takes_the_192_row_tile(family, causal):
+    # The Hopper forward at head dim 128 runs causal calls on 192 × 80 tiles (three consumer
+    # warpgroups; sm90/fwd_launch.h, ForwardTile), the others on 128-row tiles.
+    q, k, v = random_qkv(1, 2, 2, 300, 300, 128, torch.float16, "cuda")
+    names = kernel_names(lambda: torch.ops.fa.forward(q, k, v, None, causal))
+    forward = [n for n in names if "forward_kernel" in n]
+    tall = any("128, 192, 80" in n or "Li128ELi192ELi80E" in n for n in forward)
+    expected = family == "sm90" and 128 in fa.build_info()["sm90_head_dims"] and causal
+    assert forward and tall == expected, names
 
 
 @pytest.mark.parametrize("seqlen_k", [8191, 8192])

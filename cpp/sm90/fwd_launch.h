@@ -26,7 +26,11 @@ namespace fa::sm90 {
 // step's softmax and barriers over more tensor-core work; causal tiles stay narrower, since every
 // query tile's diagonal tile is masked and partly wasted. D = 128: 128 × 160 (the widest whose Q, K/V stages and separate output tile
 // fit in 224 KB) measured slower than 128 × 128, which also divides the usual sequence lengths
-// (128 × 144 serves long key sequences: LongKeyTile below).
+// (128 × 144 serves long key sequences: LongKeyTile below). Causal D = 128: 192 × 80, three
+// consumer warpgroups: a step receives a third fewer K and V bytes per FLOP than on 128 × 128, and
+// at the power limit the forward's time is the energy of the bytes each SM receives. Measured
+// (benchmarks/NOTES.md, session 52): 3–7% less energy a call, 4–5% faster at the power limit from
+// 4096 rows; 192 × 64 level with 128 × 128, 192 × 96 spills.
 // D = 256: 128 × 80 with two stages fills shared memory (the output tile then reuses Q's buffer).
 template <int kHeadDim, bool kCausal>
 struct ForwardTile;
@@ -34,7 +38,7 @@ template <bool kCausal> struct ForwardTile<64, kCausal> {
   static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2;
 };
 template <> struct ForwardTile<128, false> { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
-template <> struct ForwardTile<128, true>  { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
+template <> struct ForwardTile<128, true>  { static constexpr int kBlockM = 192, kBlockN = 80, kStages = 2; };
 template <bool kCausal> struct ForwardTile<256, kCausal> {
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
 };
