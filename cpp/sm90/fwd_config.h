@@ -38,7 +38,7 @@ struct ForwardConfig {
   // the previous step's O GEMM (fwd_mainloop.h); -1: no fence, the compiler places the wait.
   // Measured (benchmarks/NOTES.md): one row with two consumer warpgroups (D = 128: 0.5–3% faster
   // than no fence, D = 256 level to 2% faster; both rows lose at D = 128); none with three (D = 64:
-  // one row 2–4.5% slower).
+  // one row 2–4.5% slower; the causal D = 128 tile, 192 × 80, takes the same, not measured there).
   static constexpr int kRowsBeforeOWait = kMmaWarpgroups == 2 ? 1 : -1;
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
