@@ -1,19 +1,21 @@
 # The kernels that ship, and the library that holds them.
 #
 # Each row of FA_KERNEL_TABLE is one kernel family's entry point; every row is instantiated for each
-# dtype in FA_DTYPES, each head dim in FA_HEAD_DIMS and causal off/on, one generated translation unit
-# apiece (named for what it holds, e.g. sm80_fwd_hdim128_fp16_causal.cu), so builds run in parallel
-# and a subset can be configured.
+# dtype in FA_DTYPES, each head dim in FA_HEAD_DIMS and, where the row says so, causal off and on:
+# one generated translation unit apiece (named for what it holds, e.g.
+# sm80_fwd_hdim128_fp16_causal.cu), so builds run in parallel and a subset can be configured.
 #
-#   family | direction | entry point (namespace fa::<family>) | params struct
+#   family | direction | entry point (namespace fa::<family>) | params struct | causal axis
+#
+# causal axis "causal": the entry point is <Tag, head dim, causal>, one unit each; "-": <Tag, head
+# dim>, causality at run time (the KV-cache kernels, which one unit serves for both).
 #
 # The Ampere family (sm80) is compiled for every arch in FA_CUDA_ARCHS and has kernels for every
 # head dim; the Hopper family (sm90) only when 90a is among them, for its native head dims (a head
 # dim between them runs on the next larger one), compiled for sm_90a alone.
-set(FA_KERNEL_TABLE
-  "sm80|fwd|run_forward|ForwardParams"
-  "sm80|bwd|run_backward|BackwardParams"
-)
+#
+# The rows are in the order the units start to compile: the longest first (a build is as long as
+# its last unit to finish; measured on the 16-core H100 machine, benchmarks/NOTES.md).
 set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
 # The Hopper family's native head dims, forward and backward.
 set(FA_SM90_NATIVE_HEAD_DIMS 64 128 256)
@@ -28,12 +30,18 @@ foreach(_hdim IN LISTS FA_HEAD_DIMS)
     list(APPEND FA_SM90_BWD_HEAD_DIMS ${_hdim})
   endif()
 endforeach()
-if("90a" IN_LIST FA_CUDA_ARCHS AND FA_SM90_HEAD_DIMS)
-  list(APPEND FA_KERNEL_TABLE "sm90|fwd|run_forward|ForwardParams")
-endif()
+set(FA_KERNEL_TABLE "")
 if("90a" IN_LIST FA_CUDA_ARCHS AND FA_SM90_BWD_HEAD_DIMS)
-  list(APPEND FA_KERNEL_TABLE "sm90|bwd|run_backward|BackwardParams")
+  list(APPEND FA_KERNEL_TABLE "sm90|bwd|run_backward|BackwardParams|causal")
 endif()
+if("90a" IN_LIST FA_CUDA_ARCHS AND FA_SM90_HEAD_DIMS)
+  list(APPEND FA_KERNEL_TABLE "sm90|fwd|run_forward|ForwardParams|causal")
+endif()
+list(APPEND FA_KERNEL_TABLE
+  "sm80|kvcache|run_forward_kvcache|ForwardParams|-"
+  "sm80|bwd|run_backward|BackwardParams|causal"
+  "sm80|fwd|run_forward|ForwardParams|causal"
+)
 set(FA_SUPPORTED_DTYPES fp16 bf16)
 
 foreach(_hdim IN LISTS FA_HEAD_DIMS)
@@ -62,19 +70,19 @@ function(fa_add_kernel_library target)
     list(GET _row 1 FA_DIRECTION)
     list(GET _row 2 FA_ENTRY)
     list(GET _row 3 FA_PARAMS)
+    list(GET _row 4 _causal_axis)
     string(TOUPPER "${FA_FAMILY}_${FA_DIRECTION}" _family_dir)
     set(_row_head_dims ${FA_HEAD_DIMS})
     set(_row_gencode ${FA_GENCODE_FLAGS})
-    set(_row_defines "")
     if(FA_FAMILY STREQUAL "sm90")
       if(FA_DIRECTION STREQUAL "bwd")
         set(_row_head_dims ${FA_SM90_BWD_HEAD_DIMS})
       else()
         set(_row_head_dims ${FA_SM90_HEAD_DIMS})
       endif()
+      # wgmma N sizes outside CuTe's default list (80, 144, ...) come from cpp/sm90/mma_ops.h,
+      # without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (which would add 30 s to each unit's compile).
       set(_row_gencode "-gencode=arch=compute_90a,code=sm_90a")
-      # wgmma N sizes such as 80 (the D = 256 key tile) are outside CuTe's default list.
-      set(_row_defines "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED")
     endif()
     set(FA_CFG_${_family_dir} true)
     foreach(_dtype IN LISTS FA_DTYPES)
@@ -84,16 +92,25 @@ function(fa_add_kernel_library target)
         set(FA_TAG BFloat16)
       endif()
       foreach(FA_HDIM IN LISTS _row_head_dims)
-        foreach(FA_CAUSAL IN ITEMS false true)
+        set(_causal_values false true)
+        if(_causal_axis STREQUAL "-")
+          set(_causal_values run-time)
+        endif()
+        foreach(_causal IN LISTS _causal_values)
           set(_name "${FA_FAMILY}_${FA_DIRECTION}_hdim${FA_HDIM}_${_dtype}")
-          if(FA_CAUSAL)
+          set(FA_TEMPLATE_ARGS "fa::${FA_TAG}, ${FA_HDIM}")
+          set(FA_WHAT "${FA_FAMILY} ${FA_DIRECTION}, ${FA_TAG}, head dim ${FA_HDIM}, causal: ${_causal}")
+          if(NOT _causal STREQUAL "run-time")
+            string(APPEND FA_TEMPLATE_ARGS ", ${_causal}")
+          endif()
+          if(_causal STREQUAL "true")
             string(APPEND _name "_causal")
           endif()
           configure_file("${PROJECT_SOURCE_DIR}/cpp/instantiations/instantiation.cu.in"
                          "${FA_GENERATED_DIR}/instantiations/${_name}.cu" @ONLY)
           list(APPEND _sources "${FA_GENERATED_DIR}/instantiations/${_name}.cu")
           set_source_files_properties("${FA_GENERATED_DIR}/instantiations/${_name}.cu" PROPERTIES
-            COMPILE_OPTIONS "${_row_gencode};${_row_defines}")
+            COMPILE_OPTIONS "${_row_gencode}")
         endforeach()
       endforeach()
     endforeach()

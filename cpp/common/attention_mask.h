@@ -19,6 +19,12 @@ struct AttentionMask {
   CUTE_DEVICE AttentionMask(int seqlen_q, int seqlen_k_)
       : seqlen_k(seqlen_k_), diagonal(seqlen_k_ - seqlen_q) {}
 
+  // Causality at run time (the KV-cache kernels), on AttentionMask<true>: without it the diagonal
+  // moves past the last key (row i >= 0 sees keys up to i + seqlen_k), so only the end of the keys
+  // masks. (AttentionMask<false> never reads the diagonal.)
+  CUTE_DEVICE AttentionMask(int seqlen_q, int seqlen_k_, bool causal)
+      : seqlen_k(seqlen_k_), diagonal(causal ? seqlen_k_ - seqlen_q : seqlen_k_) {}
+
   // How many key tiles a query tile of rows [row_begin, row_end) sees at all.
   CUTE_DEVICE int visible_tiles(int row_end, int block_n) const {
     const int keys = kCausal ? cute::min(seqlen_k, cute::max(0, row_end + diagonal)) : seqlen_k;

@@ -44,7 +44,8 @@
 
 namespace fa::sm80 {
 
-template <class Config, bool kCausal>
+// Causal masking (bottom-right, over the positions) when params.causal.
+template <class Config>
 __global__ void __launch_bounds__(Config::kThreads)
     decode_kernel(const __grid_constant__ ForwardParams params) {
   using namespace cute;
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(Config::kThreads)
                                       seq.seqlen_q, int(blockIdx.x) * kRows};
   const int rows_left = tile_rows.group * seq.seqlen_q - tile_rows.row_begin;
 
-  const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+  const AttentionMask<true> mask(seq.seqlen_q, seq.seqlen_k, params.causal);
   // The tile holds every position, so it sees the keys the last one sees; this CTA walks the key
   // tiles [tile_begin, tile_end), all of them or its split's share. A CTA with none still runs the
   // merge: its rows get output 0 and lse -inf.

@@ -48,12 +48,14 @@
 namespace fa::sm80 {
 
 // kDecode: the KV-cache variant (fa.forward_kvcache): keys through a page table when
-// params.page_table is set, and split-KV (params.num_splits > 1: this CTA walks one share of the
-// key tiles and writes fp32 partial results for common/split_kv.h to combine).
+// params.page_table is set, split-KV (params.num_splits > 1: this CTA walks one share of the key
+// tiles and writes fp32 partial results for common/split_kv.h to combine), and causality at run
+// time (params.causal), so it is instantiated with kCausal = true alone.
 template <class Config, bool kCausal, bool kDecode = false>
 __global__ void __launch_bounds__(Config::kThreads)
     forward_kernel(const __grid_constant__ ForwardParams params) {
   using namespace cute;
+  static_assert(kCausal || !kDecode, "the KV-cache variant's mask takes params.causal: instantiate it causal");
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM;
   constexpr int kBlockN = Config::kBlockN;
@@ -82,7 +84,8 @@ __global__ void __launch_bounds__(Config::kThreads)
   // kDecode: the packed rows' heads, positions and addresses (decode_rows.h).
   const DecodeRows<Element> rows{params, batch, head_kv, split, group, seq.seqlen_q, row_begin};
 
-  const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+  const AttentionMask<kCausal> mask = kDecode ? AttentionMask<kCausal>(seq.seqlen_q, seq.seqlen_k, params.causal)
+                                               : AttentionMask<kCausal>(seq.seqlen_q, seq.seqlen_k);
   // kDecode: a tile may hold every position, so it sees the keys the last one sees.
   const int n_tiles = mask.visible_tiles(kDecode ? seq.seqlen_q : min(row_begin + kBlockM, seq.seqlen_q), kBlockN);
   // This CTA's key tiles [tile_begin, tile_end): all of them, or its split's share.

@@ -23,7 +23,6 @@
 #include <type_traits>
 
 #include <cute/tensor.hpp>
-#include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "sm90/fwd_config.h"
@@ -86,21 +85,18 @@ struct BackwardConfig {
   using ScoreWarpgroups = std::conditional_t<kSplitHeadDim, AlongN, AlongM>;
   static constexpr int kScoreColumns = kSplitHeadDim ? kBlockN / kMmaWarpgroups : kBlockM;  // per warpgroup
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kScoreColumns>, cute::Int<kHeadDim>>>(),
+      ss_op<Element, cute::Shape<cute::_64, cute::Int<kScoreColumns>, cute::Int<kHeadDim>>>(),
       ScoreWarpgroups{}));
   // dV += Pᵀ dO, dK += dSᵀ Q, B = dO or Q read as head dim × queries, A from registers (the
   // converted Sᵀ-shaped accumulators). Split head dim: dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS, A = dOᵀ or Qᵀ
   // (head dim × queries), B = Pᵀ or dSᵀ from shared memory, the warpgroups along the head dim.
   using TiledMmadKVKeys = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      rs_op<Element, cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockM>>, cute::GMMA::Major::K,
+            cute::GMMA::Major::MN>(),
       AlongM{}));
   using TiledMmadKVSplit = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kBlockM>>,
-                                 cute::GMMA::Major::MN, cute::GMMA::Major::K>(),
+      ss_op<Element, cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kBlockM>>, cute::GMMA::Major::MN,
+            cute::GMMA::Major::K>(),
       AlongM{}));
   using TiledMmadKV = std::conditional_t<kSplitHeadDim, TiledMmadKVSplit, TiledMmadKVKeys>;
   // dQ = dS K: dS and K both MN-major from shared memory. The warpgroups split the query rows
@@ -112,9 +108,8 @@ struct BackwardConfig {
   static constexpr int kdQSlices = kHeadDim / (kdQColumns * (kdQAlongM ? 1 : kMmaWarpgroups));
   using TileQSlice = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / kdQSlices>>;
   using TiledMmadQ = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kdQColumns>, cute::Int<kBlockN>>,
-                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
+      ss_op<Element, cute::Shape<cute::_64, cute::Int<kdQColumns>, cute::Int<kBlockN>>, cute::GMMA::Major::MN,
+            cute::GMMA::Major::MN>(),
       std::conditional_t<kdQAlongM, AlongM, AlongN>{}));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;

@@ -5,10 +5,10 @@
 #include <type_traits>
 
 #include <cute/tensor.hpp>
-#include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/transposed_layout.h"
+#include "sm90/mma_ops.h"
 #include "sm90/named_barriers.h"
 
 namespace fa::sm90 {
@@ -76,14 +76,11 @@ struct ForwardConfig {
   static constexpr bool kQInRegisters = kMmaWarpgroups == 2 && kHeadDim <= 128 && kBlockN <= 144;
   using MmaWarpgroups = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
   using MmaSShape = cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
-  using MmaSAtom = std::conditional_t<
-      kQInRegisters, decltype(cute::GMMA::rs_op_selector<Element, Element, float, MmaSShape>()),
-      decltype(cute::GMMA::ss_op_selector<Element, Element, float, MmaSShape>())>;
+  using MmaSAtom = std::conditional_t<kQInRegisters, decltype(rs_op<Element, MmaSShape>()),
+                                      decltype(ss_op<Element, MmaSShape>())>;
   using TiledMmaS = decltype(cute::make_tiled_mma(MmaSAtom{}, MmaWarpgroups{}));
-  using MmaOAtom = decltype(cute::GMMA::rs_op_selector<
-                            Element, Element, float,
-                            cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
-                            cute::GMMA::Major::K, cute::GMMA::Major::MN>());
+  using MmaOAtom = decltype(rs_op<Element, cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>());
   using TiledMmaO = decltype(cute::make_tiled_mma(MmaOAtom{}, MmaWarpgroups{}));
   // One warpgroup's share of O += P V: the same per-thread accumulator layout as TiledMmaO, over
   // 64 rows (the epilogue partitions one warpgroup's half of the output tile with it).

@@ -360,10 +360,12 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
     p.lse_accum = static_cast<float*>(lse_accum->data_ptr());
     p.head_dim_accum = static_cast<int>(s.head_dim);
   }
-  // Decoding is bound by memory bandwidth: the Ampere family serves it on every GPU.
+  // Decoding is bound by memory bandwidth: the Ampere family serves it on every GPU. Its KV-cache
+  // kernels take causality at run time (one instantiation serves both).
+  p.causal = causal;
   const cudaError_t err = dispatch<Family::kSm80, Direction::kForward>(
-      q.scalar_type(), kernel_head_dim(s.head_dim, op), causal, op, [&](auto tag, auto hd, auto c) {
-        return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, current_stream(q));
+      q.scalar_type(), kernel_head_dim(s.head_dim, op), causal, op, [&](auto tag, auto hd, auto) {
+        return sm80::run_forward_kvcache<decltype(tag), decltype(hd)::value>(p, current_stream(q));
       });
   if (err != cudaSuccess) raise_launch_error(err, q, op);
   return {o.out, o.lse};

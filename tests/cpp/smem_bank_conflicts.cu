@@ -20,7 +20,7 @@
 #include <cute/tensor.hpp>
 
 #include "sm80/bwd_config.h"
-#include "sm80/fwd_launch.h"
+#include "sm80/kvcache_launch.h"  // the forward's and the KV cache's configs
 #include "sm80/bwd_launch.h"
 
 using namespace cute;

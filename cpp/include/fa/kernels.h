@@ -33,6 +33,10 @@ namespace sm80 {
 template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
 
+// The KV-cache forward (params.seqused_k set); causal when params.causal.
+template <class ElementTag, int kHeadDim>
+cudaError_t run_forward_kvcache(const ForwardParams& params, cudaStream_t stream);
+
 template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);
 

@@ -73,6 +73,10 @@ struct ForwardParams {
   float* out_accum = nullptr;
   float* lse_accum = nullptr;
   int head_dim_accum = 0;  // head_dim_rounded of out_accum
+  // Bottom-right causal masking of the KV-cache kernels, which take it at run time (one
+  // instantiation serves both); the other kernels take it as a template parameter. (Last, in the
+  // struct's tail padding: the other kernels' parameters keep their size and offsets.)
+  bool causal = false;
 };
 
 // Gradients of the forward above. The forward's pointers are read again (out as dO's partner).
