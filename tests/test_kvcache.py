@@ -114,7 +114,9 @@ def test_gpu_with_99_kb_of_shared_memory(monkeypatch, head_dim):
         pytest.skip("needs a CUDA GPU and the Ampere family's kernels")
     monkeypatch.setenv("FA_MAX_SHARED_MEMORY", str(99 * 1024))
     for hq, sq, page_size in ((8, 1, 16), (32, 3, None)):  # 4 and 48 packed rows a kv head
-        check(*make_cache([300, 77], hq, 2, sq, head_dim, torch.float16, "cuda", page_size=page_size))
+        for causal in (False, True):
+            check(*make_cache([300, 77], hq, 2, sq, head_dim, torch.float16, "cuda", page_size=page_size),
+                  causal=causal)
 
 
 def test_shared_memory_limit_below_every_tile_is_an_error(monkeypatch):
@@ -127,12 +129,14 @@ def test_shared_memory_limit_below_every_tile_is_an_error(monkeypatch):
 
 
 @pytest.mark.parametrize("page_size", [None, 16])
-def test_group_rows_span_several_tiles(device, page_size):
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_group_rows_span_several_tiles(device, page_size, causal):
     # MQA with 32 query heads and Sq 3: 96 packed rows per kv head, two query tiles of the decode
-    # kernel, the second starting inside a head's positions; with splits as well.
+    # kernel, the second starting inside a head's positions; with splits as well. (The KV-cache
+    # kernels take causality at run time: each choice through each path.)
     args = make_cache([70, 1, 0, 333], 32, 1, 3, 64, torch.float16, device, page_size=page_size)
-    check(*args, num_splits=0)
-    check(*args, num_splits=4)
+    check(*args, causal=causal, num_splits=0)
+    check(*args, causal=causal, num_splits=4)
 
 
 def test_cache_as_a_view_of_a_packed_buffer(device):
