@@ -77,10 +77,13 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
   }
 
   cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
+  // Read again past the register reallocation, rather than carried across it (where ptxas spilled
+  // it at D = 256).
+  const int consumer = cutlass::canonical_warp_group_idx() - 1;
   using Mainloop = ForwardMainloop<Config, kCausal>;
   using Epilogue = ForwardEpilogue<Config>;
   const int mma_tid = threadIdx.x - 128;
-  const WarpgroupTurns<Config::kMmaWarpgroups> turns(warpgroup - 1);
+  const WarpgroupTurns<Config::kMmaWarpgroups> turns(consumer);
   typename KVPipeline::PipelineState k_state, v_state;
   typename Config::TiledMmaO mma_o;
   Tensor acc_o = partition_fragment_C(mma_o, typename Config::TileQ{});
@@ -88,7 +91,7 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
 
   int q_loads = 0;
   for (int t = blockIdx.x; t < params.scheduler.total;
-       t = TileScheduler::receive_next(params.scheduler, t, handoff, warpgroup - 1)) {
+       t = TileScheduler::receive_next(params.scheduler, t, handoff, consumer)) {
     const WorkTile w = TileScheduler::tile(params.scheduler, t);
     const Sequence seq = Sequence::of(p, w.batch);
     if (w.m_block * Config::kBlockM >= seq.seqlen_q) continue;  // varlen: past this sequence's rows
@@ -98,15 +101,19 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
       Epilogue::template store_empty<kRows>(p, seq, mma_tid, w);
       continue;
     }
+    // The thread's index, opaque to the compiler once a tile: what it derives (shared-memory
+    // offsets of the swizzled layouts) is recomputed per tile instead of held across the loop.
+    int tid = mma_tid;
+    asm volatile("" : "+r"(tid));
     const int q_stage = q_loads % Config::kQStages;
     cutlass::arch::ClusterBarrier::wait(&smem.q_full[q_stage], (q_loads++ / Config::kQStages) & 1);
     OnlineSoftmax<kRows> softmax;
-    Mainloop::run(p, smem, q_stage, pipeline_k, pipeline_v, k_state, v_state, turns, mma_tid, w, mask,
+    Mainloop::run(p, smem, q_stage, pipeline_k, pipeline_v, k_state, v_state, turns, tid, w, mask,
                   n_blocks, Mainloop::own_blocks(mask, seq.seqlen_q, w.m_block), acc_o, softmax, params.pair);
     float row_lse[kRows];
     auto out_rows = rowcol_view(acc_o);
     softmax.finalize(out_rows, p.scale, row_lse);
-    Epilogue::store(params, smem, mma_tid, w, seq, acc_o, row_lse);
+    Epilogue::store(params, smem, tid, w, seq, acc_o, row_lse);
   }
   Epilogue::finish(mma_tid);
 }
