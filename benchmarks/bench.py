@@ -270,6 +270,54 @@ def round_orders(impls: Sequence[str], rounds: int) -> List[List[str]]:
     return orders
 
 
+def predecessors(orders: List[List[str]]) -> List[Dict[str, Optional[str]]]:
+    """What ran just before each implementation's timing, round by round, as benchmark() runs the
+    orders: the round's previous implementation, or for its first the previous round's last (for
+    the first round's first, the last round's last: the previous case's, possibly itself)."""
+    out = []
+    for r, order in enumerate(orders):
+        before = orders[r - 1][-1] if orders[r - 1] else None  # r = 0: the previous case's last round
+        row = {}
+        for impl in order:
+            row[impl] = before
+            before = impl
+        out.append(row)
+    return out
+
+
+# A fixed load before each timing (--settle): at the card's power limit what ran just before a
+# timing moves its reading by a few percent, through the 250 ms warm-up (the clock the predecessor's
+# draw and heat leave; NOTES.md, sessions 39, 40 and 54). Session 54: in the 3-round order fa Hopper's
+# timings of a backward case follow one mma.sync implementation (fa Ampere, FA2: about half the
+# tensor-core rate and draw) and FA3's two, and the medians of the rows that read below FA3 were
+# each a reading after a heavy predecessor for fa and after a light one for FA3. With --settle every
+# timing follows the same few hundred ms of bf16 GEMMs.
+_SETTLE_STATE: Dict[str, object] = {}
+
+
+def settle(ms: float) -> None:
+    """Runs bf16 GEMMs (8192 x 8192 x 8192, ~1.1 TFLOP each) on the current stream for about `ms`
+    milliseconds, without waiting for them: the timing that follows starts behind them."""
+    if ms <= 0:
+        return
+    if "a" not in _SETTLE_STATE:
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        c = torch.empty_like(a)
+        for _ in range(3):
+            torch.matmul(a, b, out=c)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            torch.matmul(a, b, out=c)
+        end.record()
+        end.synchronize()
+        _SETTLE_STATE.update(a=a, b=b, c=c, gemm_ms=max(start.elapsed_time(end) / 10, 1e-3))
+    a, b, c = _SETTLE_STATE["a"], _SETTLE_STATE["b"], _SETTLE_STATE["c"]
+    for _ in range(max(1, math.ceil(ms / _SETTLE_STATE["gemm_ms"]))):
+        torch.matmul(a, b, out=c)
+
+
 def make_inputs(case: Case, device="cuda", requires_grad=False):
     dtype = getattr(torch, case.dtype)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -298,8 +346,9 @@ def case_call(case: Case, fn: Callable, inputs) -> Callable[[], object]:
 
 
 def run_case(case: Case, impl: str, fn: Callable, inputs, warmup: int = WARMUP_MS,
-             rep: int = REP_MS) -> Tuple[float, float, torch.Tensor]:
-    """Times one implementation on one case: (ms, peak extra MB, output or gradients)."""
+             rep: int = REP_MS, settle_ms: float = 0) -> Tuple[float, float, torch.Tensor]:
+    """Times one implementation on one case: (ms, peak extra MB, output or gradients); settle_ms:
+    the fixed load run just before the timing (settle())."""
     call = case_call(case, fn, inputs)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -307,6 +356,7 @@ def run_case(case: Case, impl: str, fn: Callable, inputs, warmup: int = WARMUP_M
     result = call()
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
+    settle(settle_ms)
     ms = time_ms(call, warmup=warmup, rep=rep)
     result = result.detach() if case.mode == "fwd" else torch.cat([g.flatten() for g in result])
     return ms, extra / 2**20, result
@@ -317,10 +367,11 @@ def relative_mismatch(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.float() - ref.float()).abs().max() / scale).item()
 
 
-def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None,
-              rounds: int = DEFAULT_ROUNDS, warmup: Optional[int] = None) -> Tuple[List[Result], List[str]]:
+def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None, rounds: int = DEFAULT_ROUNDS,
+              warmup: Optional[int] = None, settle_ms: float = 0) -> Tuple[List[Result], List[str]]:
     """Runs every impl on every case, `rounds` times in varied orders (round_orders); a result's
-    time is the median of its rounds'. warmup: ms before each timing (default: timing_ms's).
+    time is the median of its rounds'. warmup: ms before each timing (default: timing_ms's);
+    settle_ms: the fixed load before each timing (settle()).
     Returns the results and the fa mismatches found."""
     results, mismatches = [], []
     free_bytes = torch.cuda.mem_get_info()[0]
@@ -348,7 +399,8 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None,
                 if not res.note:
                     try:
                         with kernel_family(impl):
-                            ms, extra, out = run_case(case, impl, fns[impl], inputs, warmup=warmup, rep=rep)
+                            ms, extra, out = run_case(case, impl, fns[impl], inputs, warmup=warmup, rep=rep,
+                                                      settle_ms=settle_ms)
                         times[impl].append(ms)
                         if impl not in outputs:
                             res.extra_mem_mb, outputs[impl] = extra, out
@@ -509,6 +561,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=None,
                    help=f"ms of warm-up before each timing (default: {ROUND_WARMUP_MS} a round, "
                         f"{WARMUP_MS} with --rounds 1; --suite shapes only)")
+    p.add_argument("--settle", type=float, default=0,
+                   help="ms of a fixed load (bf16 GEMMs) run before each timing, so that every implementation's "
+                        "timing follows the same work, not whichever implementation the round's order put before "
+                        "it (default 0: none; --suite shapes only)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: a timestamp)")
     args = p.parse_args(argv)
@@ -524,6 +580,8 @@ def parse_args(argv=None):
         p.error(f"unknown --impl {sorted(unknown)}; choose from {known}")
     if args.rounds < 1:
         p.error(f"--rounds takes a count of at least 1, got {args.rounds}")
+    if args.settle < 0:
+        p.error(f"--settle takes milliseconds (0 or more), got {args.settle}")
     if args.warmup is not None and args.warmup < 0:
         p.error(f"--warmup takes milliseconds (0 or more), got {args.warmup}")
     args.dtypes = [d for d in args.dtype.split(",") if d]
@@ -595,9 +653,12 @@ def main(argv=None) -> int:
     cases = build_cases(args)
     meta["rounds"] = args.rounds
     meta["warmup_ms"] = timing_ms(args.rounds, args.warmup)[0]
+    meta["settle_ms"] = args.settle
+    meta["impls"] = list(args.impl)  # in this order: round_orders(impls, rounds) is each case's order
     print(f"# {meta.get('gpu')}, torch {meta['torch']}, cuDNN {meta.get('cudnn')}, fa {meta.get('fa')} "
           f"({meta.get('fa_kernel_family')}), commit {meta.get('commit')}, {args.rounds} round(s), "
-          f"{meta['warmup_ms']} ms warm-up each", flush=True)
+          f"{meta['warmup_ms']} ms warm-up each" + (f", {args.settle:g} ms of GEMMs before each" if args.settle else ""),
+          flush=True)
     try:
         from tqdm import tqdm
 
@@ -610,7 +671,8 @@ def main(argv=None) -> int:
             count[0] += 1
             print(f"\r{count[0]}/{len(cases) * len(args.impl) * args.rounds}", end="", file=sys.stderr, flush=True)
 
-    results, mismatches = benchmark(cases, args.impl, progress=tick, rounds=args.rounds, warmup=args.warmup)
+    results, mismatches = benchmark(cases, args.impl, progress=tick, rounds=args.rounds, warmup=args.warmup,
+                                    settle_ms=args.settle)
     print(file=sys.stderr)
     print(markdown_table(results))
     print("\nTFLOP/s = 4·B·H·Sq·Sk·D / time (forward), halved when causal, x2.5 for the backward; "

@@ -64,6 +64,51 @@ def test_round_orders_vary_places_and_predecessors():
     assert len(bench.round_orders(bench.DEFAULT_IMPLS, 3)) == 3
 
 
+def test_predecessors_follow_the_rounds_as_run():
+    orders = [["a", "b", "c"], ["c", "a", "b"]]
+    # A round's first follows the previous round's last; the first round's first, the last round's
+    # last (the previous case's).
+    assert bench.predecessors(orders) == [{"a": "b", "b": "a", "c": "b"}, {"c": "c", "a": "c", "b": "a"}]
+    # The 3-round order of the README's five: fa Hopper follows one mma.sync implementation, FA3 two.
+    five = ["fa-sm90", "fa-sm80", "fa3", "cudnn", "flash"]
+    before = bench.predecessors(bench.round_orders(five, 3))
+    light = {"fa-sm80", "flash"}
+    assert [row["fa-sm90"] in light for row in before].count(True) == 1
+    assert [row["fa3"] in light for row in before].count(True) == 2
+
+
+def test_settle_argument():
+    assert bench.parse_args([]).settle == 0 and bench.parse_args(["--settle", "300"]).settle == 300
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--settle", "-1"])
+    bench.settle(0)  # nothing to run: no GPU needed
+
+
+def test_carryover_compares_like_predecessors(tmp_path, capsys):
+    import carryover
+
+    impls = ["x", "light", "y"]
+    orders = bench.round_orders(impls, 3)
+    before = bench.predecessors(orders)
+    # Each timing 1.0 ms, +10% after a heavy predecessor: x and y are equally fast.
+    def times(impl):
+        return " ".join(f"{1.0 if before[r][impl] == 'light' else 1.1:.4f}" for r in range(3))
+    rows = [dict(dtype="float16", batch=1, heads=2, seqlen=3, head_dim=64, causal=False, mode="bwd", impl=i,
+                 round_ms=times(i)) for i in impls]
+    data = {"meta": {"rounds": 3, "impls": impls}, "results": rows}
+    ((key, medians, after_light, after_heavy),) = carryover.compare(data, "x", "y", {"light"})
+    assert key == ("float16", 1, 2, 3, 64, False, "bwd")
+    # x follows "light" in one round of three, y in two: the medians (1.1 and 1.0 ms) carry the
+    # order; the ratios of like-for-like rounds do not.
+    assert [sum(row[i] == "light" for row in before) for i in ("x", "y")] == [1, 2]
+    assert medians == pytest.approx(1.0 / 1.1)
+    assert after_light == pytest.approx(1.0) and after_heavy == pytest.approx(1.0)
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(data))
+    assert carryover.main([str(path), "--impl", "x", "--peer", "y", "--light", "light"]) == 0
+    assert "| float16 | (1, 2, 3, 64) | 0 | bwd |" in capsys.readouterr().out
+
+
 def test_memory_estimate_skips_only_materialising_impls():
     case = bench.Case(4, 64, 8192, 128, False, "fwd")
     assert bench.materialises_scores("naive") and bench.materialises_scores("math")
