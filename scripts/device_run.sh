@@ -26,7 +26,10 @@
 #                machine without a GPU: it runs on any torch >= 2.9, see README)
 #   --install-args "…"  extra pip arguments, e.g. "-C cmake.define.FA_HEAD_DIMS=128"
 #   --tests "…"  pytest arguments (default: the whole suite); "skip" to skip
-#   --bench "…"  benchmarks/bench.py arguments (default: the default suite); "skip" to skip
+#   --bench "…"  benchmarks/bench.py arguments (default: the default suite); "skip" to skip; ';'
+#                separates several runs (one process each, their tables one after the other in
+#                bench.md, results bench.json, bench_2.json, …), e.g. the same rows with and without
+#                --settle
 #   --sanitize   compute-sanitizer memcheck, racecheck and synccheck on a small odd-length case
 #   --sanitize-parts "…"  which parts of benchmarks/sanitize_case.py (dense forward varlen kvcache;
 #                default: dense varlen kvcache), with its options (--dims=64,128 --family=sm90)
@@ -172,10 +175,17 @@ fi
 
 
 if [ "$bench" != skip ]; then
-  step "benchmark ${bench}"
-  # shellcheck disable=SC2086
-  python3 benchmarks/bench.py --out "$OUT" --name bench ${bench} 2> "$OUT/bench.stderr" | tee "$OUT/bench.md"
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  IFS=';' read -ra bench_runs <<< "$bench"
+  [ ${#bench_runs[@]} = 0 ] && bench_runs=("")  # --bench "": the default suite
+  n=0
+  for run in "${bench_runs[@]}"; do
+    n=$((n + 1))
+    name=bench; [ "$n" -gt 1 ] && name="bench_$n"
+    step "benchmark ${run}"
+    # shellcheck disable=SC2086
+    python3 benchmarks/bench.py --out "$OUT" --name "$name" ${run} 2>> "$OUT/bench.stderr" | tee -a "$OUT/bench.md"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
 fi
 if [ -n "$kernel_times" ]; then
   step "kernel times ${kernel_times}"
