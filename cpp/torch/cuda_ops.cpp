@@ -167,18 +167,15 @@ constexpr bool built(int head_dim) {
   return build_config::has_sm90_backward_head_dim(head_dim);
 }
 
-// Calls fn(ElementTag{}, integral_constant<head dim>{}, bool_constant<causal>{}) for the runtime
-// choice. Only the combinations this build holds for the family are instantiated.
+// Calls fn(ElementTag{}, integral_constant<head dim>{}) for the runtime choice. Only the
+// combinations this build holds for the family are instantiated.
 template <Family kFamily, Direction kDirection, class Fn>
-cudaError_t dispatch(ScalarType dtype, int head_dim, bool causal, const char* op, Fn&& fn) {
+cudaError_t dispatch(ScalarType dtype, int head_dim, const char* op, Fn&& fn) {
   auto with_head_dim = [&](auto tag) -> cudaError_t {
-    auto with_causal = [&](auto hd) -> cudaError_t {
-      return causal ? fn(tag, hd, std::true_type{}) : fn(tag, hd, std::false_type{});
-    };
     switch (head_dim) {
 #define FA_HEAD_DIM_CASE(D)                                                            \
   case D:                                                                              \
-    if constexpr (built<kFamily, kDirection>(D)) return with_causal(std::integral_constant<int, D>{}); \
+    if constexpr (built<kFamily, kDirection>(D)) return fn(tag, std::integral_constant<int, D>{}); \
     break;
       FA_HEAD_DIM_CASE(32)
       FA_HEAD_DIM_CASE(64)
@@ -196,6 +193,15 @@ cudaError_t dispatch(ScalarType dtype, int head_dim, bool causal, const char* op
     if (dtype == ScalarType::BFloat16) return with_head_dim(BFloat16{});
   }
   fail(op, ": this build has no kernels for ", dtype_name(dtype), " (FA_DTYPES)");
+}
+
+// The same with bool_constant<causal>{} as fn's third argument: kernels instantiated per causal
+// choice.
+template <Family kFamily, Direction kDirection, class Fn>
+cudaError_t dispatch(ScalarType dtype, int head_dim, bool causal, const char* op, Fn&& fn) {
+  return dispatch<kFamily, kDirection>(dtype, head_dim, op, [&](auto tag, auto hd) -> cudaError_t {
+    return causal ? fn(tag, hd, std::true_type{}) : fn(tag, hd, std::false_type{});
+  });
 }
 
 void check_grid_limits(const AttentionShape& s, const char* op) {
@@ -364,7 +370,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
   // kernels take causality at run time (one instantiation serves both).
   p.causal = causal;
   const cudaError_t err = dispatch<Family::kSm80, Direction::kForward>(
-      q.scalar_type(), kernel_head_dim(s.head_dim, op), causal, op, [&](auto tag, auto hd, auto) {
+      q.scalar_type(), kernel_head_dim(s.head_dim, op), op, [&](auto tag, auto hd) {
         return sm80::run_forward_kvcache<decltype(tag), decltype(hd)::value>(p, current_stream(q));
       });
   if (err != cudaSuccess) raise_launch_error(err, q, op);
