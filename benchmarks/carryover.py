@@ -30,16 +30,20 @@ def case_key(row: dict) -> tuple:
     return (row["dtype"], row["batch"], row["heads"], row["seqlen"], row["head_dim"], bool(row["causal"]), row["mode"])
 
 
+def round_predecessors(data: dict) -> list:
+    """What ran before each implementation's timing in each round of the run `data` holds."""
+    impls = data["meta"].get("impls") or list(dict.fromkeys(r["impl"] for r in data["results"]))
+    return predecessors(round_orders(impls, data["meta"]["rounds"]))
+
+
 def compare(data: dict, impl: str, peer: str, light: set) -> list:
     """Per case with both implementations timed in every round: (case key, the medians' ratio, the
     ratio after light predecessors, after heavy ones; None where either had no such round), each the
     peer's time over impl's."""
-    results = data["results"]
-    impls = data["meta"].get("impls") or list(dict.fromkeys(r["impl"] for r in results))
     rounds = data["meta"]["rounds"]
-    before = predecessors(round_orders(impls, rounds))
+    before = round_predecessors(data)
     times = {}
-    for row in results:
+    for row in data["results"]:
         if row.get("round_ms"):
             times.setdefault(case_key(row), {})[row["impl"]] = [float(t) for t in row["round_ms"].split()]
     out = []
@@ -65,9 +69,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     data = json.loads(args.json.read_text())
     light = {i for i in args.light.split(",") if i}
-    rounds = data["meta"]["rounds"]
-    impls = data["meta"].get("impls") or list(dict.fromkeys(r["impl"] for r in data["results"]))
-    for r, row in enumerate(predecessors(round_orders(impls, rounds))):
+    for r, row in enumerate(round_predecessors(data)):
         print(f"# round {r + 1}: {args.impl} after {row.get(args.impl)}, {args.peer} after {row.get(args.peer)}")
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     print(f"| dtype | shape (B, H, S, D) | causal | mode | {args.peer} / {args.impl}: medians | after light | after heavy |")
