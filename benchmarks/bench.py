@@ -291,7 +291,12 @@ def predecessors(orders: List[List[str]]) -> List[Dict[str, Optional[str]]]:
 # timings of a backward case follow one mma.sync implementation (fa Ampere, FA2: about half the
 # tensor-core rate and draw) and FA3's two, and the medians of the rows that read below FA3 were
 # each a reading after a heavy predecessor for fa and after a light one for FA3. With --settle every
-# timing follows the same few hundred ms of bf16 GEMMs.
+# timing follows the same few hundred ms of bf16 GEMMs. Session 55 (H200, the backward rows of the
+# README, five implementations, 3 rounds): without it a timing after a wgmma implementation read a
+# median 3.4% slower than one after an mma.sync implementation (fa Hopper and FA3 alike), with 250 ms
+# of GEMMs 0.7% faster (noise); the median spread of fa Hopper's and FA3's rounds went from 5.3% to
+# 2.4-2.7%, the forward's from 3.4-4.1% to 2.1-2.5%. Hence on by default; --settle 0 turns it off.
+DEFAULT_SETTLE_MS = 250
 _SETTLE_STATE: Dict[str, object] = {}
 
 
@@ -530,8 +535,9 @@ def sweep_cases(dtype: str, causal_values, modes) -> List[Case]:
 
 
 def parse_shapes(text: str) -> List[Tuple[int, int, int, int]]:
+    """'B,H,S,D;B,H,S,D' (or '/' between shapes: scripts/device_run.sh takes ';' between runs)."""
     shapes = []
-    for part in text.replace(" ", "").split(";"):
+    for part in text.replace(" ", "").replace("/", ";").split(";"):
         if part:
             dims = tuple(int(x) for x in part.strip("()").split(","))
             if len(dims) != 4:
@@ -545,7 +551,7 @@ def parse_args(argv=None):
     p.add_argument("--suite", choices=["shapes", "varlen", "decode"], default="shapes",
                    help="shapes: rectangular batches (--shapes, --sweep); varlen: benchmarks/varlen_suite.py; "
                         "decode: benchmarks/decode_suite.py")
-    p.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES, help="'B,H,S,D;B,H,S,D'")
+    p.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES, help="'B,H,S,D;B,H,S,D' ('/' between shapes also works)")
     p.add_argument("--dtype", default="float16,bfloat16", help="comma-separated: float16,bfloat16")
     p.add_argument("--causal", choices=["0", "1", "both"], default="both")
     p.add_argument("--mode", choices=["fwd", "bwd", "fwd+bwd"], default="fwd+bwd")
@@ -561,10 +567,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=None,
                    help=f"ms of warm-up before each timing (default: {ROUND_WARMUP_MS} a round, "
                         f"{WARMUP_MS} with --rounds 1; --suite shapes only)")
-    p.add_argument("--settle", type=float, default=0,
+    p.add_argument("--settle", type=float, default=DEFAULT_SETTLE_MS,
                    help="ms of a fixed load (bf16 GEMMs) run before each timing, so that every implementation's "
-                        "timing follows the same work, not whichever implementation the round's order put before "
-                        "it (default 0: none; --suite shapes only)")
+                        f"timing follows the same work, not whichever implementation the round's order put before "
+                        f"it (default {DEFAULT_SETTLE_MS}; 0: none; --suite shapes only)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: a timestamp)")
     args = p.parse_args(argv)

@@ -11,7 +11,8 @@ FA2, at about half the tensor-core rate) than after a heavy one, through the war
 orders give one implementation more light predecessors than another, the medians carry it
 (benchmarks/NOTES.md, session 54). This prints, per case, the medians' ratio (peer's time over
 impl's: above 1, impl is faster) beside the ratios of the mean times after light and after heavy
-predecessors. bench.py --settle removes the cause instead (every timing follows the same load).
+predecessors. bench.py's --settle (on by default since session 55) removes the cause instead: every
+timing follows the same load.
 """
 
 import argparse
@@ -69,6 +70,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     data = json.loads(args.json.read_text())
     light = {i for i in args.light.split(",") if i}
+    settle_ms = data.get("meta", {}).get("settle_ms") or 0
+    if settle_ms:
+        print(f"# this run settled every timing ({settle_ms:g} ms of GEMMs just before it): the predecessors below "
+              "ran before that load")
     for r, row in enumerate(round_predecessors(data)):
         print(f"# round {r + 1}: {args.impl} after {row.get(args.impl)}, {args.peer} after {row.get(args.peer)}")
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731

@@ -29,7 +29,7 @@
 #   --bench "…"  benchmarks/bench.py arguments (default: the default suite); "skip" to skip; ';'
 #                separates several runs (one process each, their tables one after the other in
 #                bench.md, results bench.json, bench_2.json, …), e.g. the same rows with and without
-#                --settle
+#                --settle; within a run give --shapes with '/' between shapes (1,64,1024,128/2,64,4096,128)
 #   --sanitize   compute-sanitizer memcheck, racecheck and synccheck on a small odd-length case
 #   --sanitize-parts "…"  which parts of benchmarks/sanitize_case.py (dense forward varlen kvcache;
 #                default: dense varlen kvcache), with its options (--dims=64,128 --family=sm90)

@@ -78,7 +78,8 @@ def test_predecessors_follow_the_rounds_as_run():
 
 
 def test_settle_argument():
-    assert bench.parse_args([]).settle == 0 and bench.parse_args(["--settle", "300"]).settle == 300
+    assert bench.parse_args([]).settle == bench.DEFAULT_SETTLE_MS > 0
+    assert bench.parse_args(["--settle", "300"]).settle == 300 and bench.parse_args(["--settle", "0"]).settle == 0
     with pytest.raises(SystemExit):
         bench.parse_args(["--settle", "-1"])
     bench.settle(0)  # nothing to run: no GPU needed
@@ -106,7 +107,12 @@ def test_carryover_compares_like_predecessors(tmp_path, capsys):
     path = tmp_path / "b.json"
     path.write_text(json.dumps(data))
     assert carryover.main([str(path), "--impl", "x", "--peer", "y", "--light", "light"]) == 0
-    assert "| float16 | (1, 2, 3, 64) | 0 | bwd |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| float16 | (1, 2, 3, 64) | 0 | bwd |" in printed and "settled" not in printed
+    data["meta"]["settle_ms"] = 250  # a run with bench.py's --settle says so above its rounds
+    path.write_text(json.dumps(data))
+    assert carryover.main([str(path), "--impl", "x", "--peer", "y", "--light", "light"]) == 0
+    assert "settled every timing (250 ms" in capsys.readouterr().out
 
 
 def test_memory_estimate_skips_only_materialising_impls():
@@ -121,6 +127,7 @@ def test_arguments():
                              "--dtype", "float16"])
     assert args.shapes == [(1, 2, 3, 4), (5, 6, 7, 8)] and args.causal_values == [True] and args.modes == ["bwd"]
     assert [c.shape for c in bench.build_cases(args)] == [(1, 2, 3, 4), (5, 6, 7, 8)]
+    assert bench.parse_shapes("1,2,3,4/5,6,7,8") == args.shapes  # device_run.sh splits its runs at ';'
     default_args = bench.parse_args([])
     default = bench.build_cases(default_args)
     assert len(default) == len(bench.DEFAULT_SHAPES) * 2 * 2 * 2 and default[0] == bench.Case(1, 64, 1024, 128, False, "fwd")
