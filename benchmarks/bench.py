@@ -569,7 +569,7 @@ def parse_args(argv=None):
                         f"{WARMUP_MS} with --rounds 1; --suite shapes only)")
     p.add_argument("--settle", type=float, default=DEFAULT_SETTLE_MS,
                    help="ms of a fixed load (bf16 GEMMs) run before each timing, so that every implementation's "
-                        f"timing follows the same work, not whichever implementation the round's order put before "
+                        "timing follows the same work, not whichever implementation the round's order put before "
                         f"it (default {DEFAULT_SETTLE_MS}; 0: none; --suite shapes only)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: a timestamp)")
