@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench  # noqa: E402
 import profile_ncu as fa_profile  # noqa: E402
 import decode_suite  # noqa: E402
+import host_time  # noqa: E402
 import sustained  # noqa: E402
 import varlen_suite  # noqa: E402
 
@@ -207,6 +208,32 @@ def test_mismatch_check_catches_a_wrong_kernel():
     assert len(mismatches) == 1 and "fa differs from SDPA flash" in mismatches[0]
     bench.check_fa(case, {"fa-sm80": good, "fa-sm90": good + 1.0, "cudnn": good}, mismatches)
     assert len(mismatches) == 2 and "fa-sm90 differs from SDPA cudnn" in mismatches[1]
+    bench.check_fa(case, {"fa-sm90": good + 1.0, "fa3": good}, mismatches)  # FA3 where no SDPA ran
+    assert len(mismatches) == 3 and "fa-sm90 differs from FA3" in mismatches[2]
+    bench.check_fa(case, {"fa-sm90": good}, mismatches)
+    assert len(mismatches) == 4 and "no SDPA or FA3 result" in mismatches[3]
+
+
+def test_host_time_splits_each_iteration_of_a_trace():
+    """host_time.iteration_rows on a made-up trace of two iterations (a flush, then a call's two
+    kernels, each launched by a runtime or driver call): the first iteration is dropped (warm-up)."""
+    trace = [{"ph": "M", "name": "process_name"}]
+
+    def add(cat, name, ts, dur, correlation):
+        trace.append({"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
+                      "args": {"correlation": correlation}})
+
+    for i, host_delay in enumerate((0, 0, 60)):
+        t = 1000 * i
+        add("cuda_runtime", "cudaLaunchKernel", t, 5, 10 * i + 1)
+        add("kernel", "at::native::FillFunctor<int>", t + 10, 80, 10 * i + 1)  # the flush: 10..90
+        add("cuda_runtime", "cudaLaunchKernel", t + 100 + host_delay, 5, 10 * i + 2)
+        add("kernel", "prepass", t + 120 + host_delay, 20, 10 * i + 2)
+        add("cuda_driver", "cuLaunchKernelEx", t + 130 + host_delay, 5, 10 * i + 3)
+        add("kernel", "main", t + 145 + host_delay, 150, 10 * i + 3)
+    rows = host_time.iteration_rows(trace)
+    assert rows == {"gap": [30, 90], "kernels": [170, 170], "span": [205, 265],
+                    "host_first": [100, 160], "host_last": [130, 190]}
 
 
 def test_kernel_family_impls_set_the_environment(monkeypatch):
