@@ -210,7 +210,7 @@ def main(argv=None) -> int:
                         call = bench.case_call(case, fn, inputs)
                         auto = host_us(call, args.calls, args.rounds)
                         op = ""
-                        if impl.startswith("fa"):
+                        if impl in bench.FA_FAMILIES:
                             q, k, v = (t.detach() for t in inputs)
                             out, lse = torch.ops.fa.forward.default(q, k, v, None, causal)
                             dout = torch.randn_like(out)
