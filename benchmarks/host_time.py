@@ -11,6 +11,9 @@ For each implementation and case:
   median, the 90th percentile and the share of calls slower than 1.3x the fastest.
 - with --trace, the CUDA runtime calls of 20 autograd calls as the profiler records them (count and
   mean µs by name), which splits the host time between launches, allocations and the rest.
+- with --timeline N, N iterations of do_bench's loop under the profiler: per iteration how long the
+  GPU waited between the L2 flush and the call's first kernel, and when the host launched the call's
+  first and last kernels (benchmarks/NOTES.md, session 56: the slow calls are such waits).
 - the cost of one lookup of a driver entry point by name (`cudaGetDriverEntryPointByVersion`, which
   CUTLASS's TMA descriptor encoding does at every descriptor unless built with direct driver calls)
   beside a trivial runtime call, both through ctypes.
@@ -30,6 +33,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402
+
+
+def slow_share(times) -> float:
+    """The share of times above 1.3x the fastest: do_bench's slow calls."""
+    return sum(t > 1.3 * min(times) for t in times) / len(times) if times else 0.0
+
+
+def p90(sorted_times):
+    return sorted_times[round(0.9 * (len(sorted_times) - 1))]
+
+
+def summary(times) -> str:
+    """'median / p90 / max' of the times (NaNs left out)."""
+    xs = sorted(x for x in times if x == x)
+    return f"{statistics.median(xs):.0f} / {p90(xs):.0f} / {xs[-1]:.0f}" if xs else "-"
 
 
 def host_us(fn, calls: int, rounds: int):
@@ -52,9 +70,7 @@ def do_bench_calls(fn):
     from triton.testing import do_bench
 
     times = sorted(do_bench(fn, warmup=bench.ROUND_WARMUP_MS, rep=bench.ROUND_REP_MS, return_mode="all"))
-    fastest = times[0]
-    slow = sum(t > 1.3 * fastest for t in times) / len(times)
-    return statistics.median(times), times[int(0.9 * (len(times) - 1))], slow, len(times)
+    return statistics.median(times), p90(times), slow_share(times), len(times)
 
 
 def runtime_calls(fn, n=20):
@@ -70,7 +86,7 @@ def runtime_calls(fn, n=20):
         torch.cuda.synchronize()
     out = {}
     for e in prof.key_averages():
-        if e.key.startswith(("cuda", "cu")) and not e.key.startswith("cudaDeviceSynchronize"):
+        if e.key.startswith("cu") and e.key != "cudaDeviceSynchronize":
             out[e.key] = (e.count / n, e.cpu_time_total / max(e.count, 1))
     return out
 
@@ -235,15 +251,10 @@ def main(argv=None) -> int:
               "| host to last launch | spans > 1.3x min |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for impl, dtype, shape, causal, rows in timelines:
-            def stat(xs):
-                xs = sorted(x for x in xs if x == x)
-                if not xs:
-                    return "-"
-                return f"{statistics.median(xs):.0f} / {xs[int(0.9 * (len(xs) - 1))]:.0f} / {xs[-1]:.0f}"
             spans = rows["span"]
-            slow = sum(x > 1.3 * min(spans) for x in spans) / len(spans) if spans else 0
-            print(f"| {impl} | {dtype} | {shape} | {int(causal)} | {len(spans)} | {stat(spans)} | {stat(rows['kernels'])} "
-                  f"| {stat(rows['gap'])} | {stat(rows['host_first'])} | {stat(rows['host_last'])} | {slow:.0%} |")
+            print(f"| {impl} | {dtype} | {shape} | {int(causal)} | {len(spans)} | {summary(spans)} "
+                  f"| {summary(rows['kernels'])} | {summary(rows['gap'])} | {summary(rows['host_first'])} "
+                  f"| {summary(rows['host_last'])} | {slow_share(spans):.0%} |")
     return 0
 
 

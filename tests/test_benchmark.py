@@ -234,6 +234,8 @@ def test_host_time_splits_each_iteration_of_a_trace():
     rows = host_time.iteration_rows(trace)
     assert rows == {"gap": [30, 90], "kernels": [170, 170], "span": [205, 265],
                     "host_first": [100, 160], "host_last": [130, 190]}
+    assert host_time.summary(rows["span"] + [float("nan")]) == "235 / 265 / 265"
+    assert host_time.slow_share(rows["span"]) == 0.0 and host_time.slow_share([100, 140]) == 0.5
 
 
 def test_kernel_family_impls_set_the_environment(monkeypatch):
