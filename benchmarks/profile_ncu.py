@@ -94,7 +94,9 @@ def worker(args) -> int:
     """Runs inside ncu: warm up, then the measured call between profiler start and stop.
 
     fa's backward is called as the op itself (its kernels only, not the autograd bookkeeping);
-    a peer's backward goes through autograd on a retained graph, so its forward is not rerun.
+    a peer's backward goes through torch.autograd.grad on a retained graph, so its forward is not
+    rerun and no gradient is accumulated into .grad (out.backward added three elementwise kernels
+    a call from the second call on).
     """
     import torch
 
@@ -125,7 +127,7 @@ def worker(args) -> int:
                 with torch.no_grad():
                     flash_attn_func(q3, k3, v3, causal=args.causal)
             else:
-                out.backward(dout.transpose(1, 2), retain_graph=True)
+                torch.autograd.grad(out, (q3, k3, v3), dout.transpose(1, 2), retain_graph=True)
     else:
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -141,7 +143,7 @@ def worker(args) -> int:
                 with torch.no_grad(), sdpa_kernel(backend):
                     F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
             else:
-                out.backward(dout, retain_graph=True)
+                torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
     run()
     torch.cuda.synchronize()
