@@ -23,6 +23,7 @@ import argparse
 import ctypes
 import ctypes.util
 import glob
+import itertools
 import os
 import statistics
 import sys
@@ -103,6 +104,8 @@ def timeline(fn, iters=200):
     from torch.profiler import ProfilerActivity, profile
 
     cache = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
+    # The events are recorded as do_bench records them (their launches are part of the host's work
+    # an iteration) and not read: the trace's timestamps give the spans.
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     for _ in range(10):
         cache.zero_()
@@ -125,7 +128,8 @@ def iteration_rows(trace):
     """The rows of timeline() from a chrome trace's events (every iteration but the first: a flush
     of more than 40 µs starts each)."""
     launches = {e["args"]["correlation"]: e["ts"] for e in trace
-                if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+                if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
+                and "correlation" in e.get("args", {})}
     gpu = sorted((e for e in trace if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset")),
                  key=lambda e: e["ts"])
     iterations, current = [], None
@@ -211,35 +215,33 @@ def main(argv=None) -> int:
           "| do_bench ms median / p90 | slow calls | calls |")
     print("|---|---|---|---|---|---|---|---|---|")
     traces, timelines = [], []
-    for shape in bench.parse_shapes(args.shapes):
-        for dtype in args.dtype.split(","):
-            for causal in causal_values:
-                case = bench.Case(*shape, causal=causal, mode="bwd", dtype=dtype)
-                for impl in args.impl.split(","):
-                    with bench.kernel_family(impl):
-                        try:
-                            fn = bench.make_impl(impl)
-                        except ImportError as e:
-                            print(f"| {impl} | skipped: {e} |")
-                            continue
-                        inputs = bench.make_inputs(case, requires_grad=True)
-                        call = bench.case_call(case, fn, inputs)
-                        auto = host_us(call, args.calls, args.rounds)
-                        op = ""
-                        if impl in bench.FA_FAMILIES:
-                            q, k, v = (t.detach() for t in inputs)
-                            out, lse = torch.ops.fa.forward.default(q, k, v, None, causal)
-                            dout = torch.randn_like(out)
-                            direct = host_us(lambda: torch.ops.fa.backward.default(dout, q, k, v, out, lse, None, causal),
-                                             args.calls, args.rounds)
-                            op = f"{direct[0]:.1f} / {direct[1]:.1f}"
-                        med, p90, slow, n = do_bench_calls(call)
-                        print(f"| {impl} | {dtype} | {shape} | {int(causal)} | {auto[0]:.1f} / {auto[1]:.1f} | {op} "
-                              f"| {med:.3f} / {p90:.3f} | {slow:.0%} | {n} |", flush=True)
-                        if args.trace:
-                            traces.append((impl, dtype, shape, causal, runtime_calls(call)))
-                        if args.timeline:
-                            timelines.append((impl, dtype, shape, causal, timeline(call, args.timeline)))
+    runs = itertools.product(bench.parse_shapes(args.shapes), args.dtype.split(","), causal_values, args.impl.split(","))
+    for shape, dtype, causal, impl in runs:
+        case = bench.Case(*shape, causal=causal, mode="bwd", dtype=dtype)
+        with bench.kernel_family(impl):
+            try:
+                fn = bench.make_impl(impl)
+            except ImportError as e:
+                print(f"| {impl} | skipped: {e} |")
+                continue
+            inputs = bench.make_inputs(case, requires_grad=True)
+            call = bench.case_call(case, fn, inputs)
+            auto = host_us(call, args.calls, args.rounds)
+            op = ""
+            if impl in bench.FA_FAMILIES:
+                q, k, v = (t.detach() for t in inputs)
+                out, lse = torch.ops.fa.forward.default(q, k, v, None, causal)
+                dout = torch.randn_like(out)
+                direct = host_us(lambda: torch.ops.fa.backward.default(dout, q, k, v, out, lse, None, causal),
+                                 args.calls, args.rounds)
+                op = f"{direct[0]:.1f} / {direct[1]:.1f}"
+            median, tail, slow, n = do_bench_calls(call)
+            print(f"| {impl} | {dtype} | {shape} | {int(causal)} | {auto[0]:.1f} / {auto[1]:.1f} | {op} "
+                  f"| {median:.3f} / {tail:.3f} | {slow:.0%} | {n} |", flush=True)
+            if args.trace:
+                traces.append((impl, dtype, shape, causal, runtime_calls(call)))
+            if args.timeline:
+                timelines.append((impl, dtype, shape, causal, timeline(call, args.timeline)))
     for impl, dtype, shape, causal, calls in traces:
         print(f"\n{impl} {dtype} {shape} causal={int(causal)}: runtime calls per autograd call")
         for name, (count, mean) in sorted(calls.items(), key=lambda kv: -kv[1][0] * kv[1][1]):
