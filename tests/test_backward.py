@@ -251,6 +251,28 @@ def test_gradients_more_key_tiles_than_sms(device, case, causal):
     check_backward(q, k, v, causal)
 
 
+HIDDEN_WARPGROUP_CASES = [
+    # (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype): steps of the Hopper backward
+    # (D <= 128: two consumer warpgroups of 64 keys each) where one warpgroup sees none of its keys
+    # and skips its GEMMs, writing zeros as its part of dSᵀ (sm90/bwd_kernel.h): causal with
+    # Sq = Sk at D = 128 (64-row steps: the second warpgroup at each key tile's first step; again
+    # at each query head with GQA), D = 64 with Sq = Sk + 64 (128-row steps: the diagonal 64 keys
+    # back), last key tiles of at most 64 keys (non-causal too).
+    (1, 2, 2, 640, 640, 128, torch.float16),
+    (2, 8, 2, 300, 300, 128, torch.bfloat16),  # GQA
+    (1, 2, 2, 320, 256, 64, torch.bfloat16),
+    (1, 2, 2, 200, 4160, 128, torch.float16),  # 32 key tiles of 128 and one of 64
+    (1, 2, 2, 150, 129, 64, torch.float16),  # a last key tile of one key
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", HIDDEN_WARPGROUP_CASES, ids=lambda c: "x".join(map(str, c[:6])))
+def test_gradients_where_a_warpgroup_sees_none_of_its_keys(device, case, causal):
+    q, k, v = random_qkv(*case, device)
+    check_backward(q, k, v, causal)
+
+
 MAIN_KERNEL_PREPARES_CASES = [
     # (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype): more (batch, kv head) units
     # than the first two waves of the Hopper backward's key tiles need (on a GPU of up to ~150

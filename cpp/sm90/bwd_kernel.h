@@ -182,6 +182,34 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       const int t = step.t;
       const int row_begin = step.m_block * kBlockM;
       const int q_stage = q_state.index(), do_stage = do_state.index();
+      const int ds_buffer = t % 2;
+
+      // A warpgroup whose 64 keys no row of the step sees (causal with Sq = Sk: the second warpgroup
+      // at a key tile's first query tile; the keys past seqlen_k of a short last key tile) has
+      // Pᵀ = dSᵀ = 0 there: it skips Sᵀ, dPᵀ, dV, dK and the softmax, writes zeros as its half of
+      // dSᵀ and computes its half of dQ's columns with the other warpgroup. Its waits, releases and
+      // barriers are a full step's. (FA3 computes the whole tile.)
+      if (mask.hides_keys_from(key_begin + wg * 64, cute::min(row_begin + kBlockM, seq.seqlen_q))) {
+        pipeline_q.consumer_wait(q_state);
+        pipeline_do.consumer_wait(do_state);
+        gemm_wait<0>(acc_dk);  // the step before's dK (kDkIntoNextStep) has read its Q buffer
+        if (kDkIntoNextStep && t > 0) release_q();
+        Tensor acc_zero = partition_fragment_C(mma_sdp, typename Config::TileSt{});
+        clear(acc_zero);
+        copy(copy_ds, thr_copy_ds.retile_S(convert_fragment<Element>(acc_zero)), tdSsdS(_, _, _, ds_buffer));
+        cutlass::arch::fence_view_async_shared();
+        barrier_sync(BackwardBarrier::kdSFull, Config::kMmaThreads);
+        Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQ{});
+        Tensor tdQrdS_buffer = tdQrdS(_, _, _, ds_buffer);
+        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, tdQrKt, acc_dq);
+        gemm_wait<0>(acc_dq);
+        pipeline_do.consumer_release(do_state);
+        add_dq(t, acc_dq);
+        ++q_state;
+        ++do_state;
+        if constexpr (!kDkIntoNextStep) release_q();
+        continue;
+      }
 
       Tensor acc_s = partition_fragment_C(mma_sdp, typename Config::TileSt{});
       Tensor acc_dp = partition_fragment_C(mma_sdp, typename Config::TileSt{});
@@ -236,7 +264,6 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
 
       // dSᵀ to shared memory (buffer t % 2: its previous readers, step t - 2's GEMMs, finished
       // before both warpgroups passed step t - 1's kdSFull), then dQ = dS K over all keys.
-      const int ds_buffer = t % 2;
       copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
       // dV += Pᵀ dO is issued only now, after dSᵀ's store (FA3's order): issued as soon as Pᵀ was
       // converted, it ran beside the dS math, but the dSᵀ store and so the kdSFull barrier came
