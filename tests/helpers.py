@@ -30,12 +30,16 @@ def cuda_families():
     return fa.build_info()["device_kernel_families"] if cuda_kernels_available() else []
 
 
-def random_qkv(b, hq, hk, sq, sk, d, dtype, device, magnitude=1.0, seed=None):
-    # A build of a subset of head dims (FA_HEAD_DIMS) serves head dim d on the smallest kernel of
-    # at least d; a case past its largest is skipped on CUDA (the CPU path serves any).
+def skip_unless_built(d, device):
+    """A build of a subset of head dims (FA_HEAD_DIMS) serves head dim d on its smallest kernel of
+    at least d; a CUDA case past its largest is skipped (the CPU path serves any)."""
     built = fa.build_info()["head_dims"]
     if device == "cuda" and d <= 256 and built and d > max(built):
         pytest.skip(f"this build has no kernel for head dim {d} (FA_HEAD_DIMS={built})")
+
+
+def random_qkv(b, hq, hk, sq, sk, d, dtype, device, magnitude=1.0, seed=None):
+    skip_unless_built(d, device)
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed if seed is not None else torch.seed() % (2**31))
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import fa
-from helpers import assert_within_lowp_error, kernel_names, launched, naive_attention, poison_cuda_allocator
+from helpers import (assert_within_lowp_error, kernel_names, launched, naive_attention, poison_cuda_allocator,
+                     skip_unless_built)
 
 
 def offsets(lengths, device):
@@ -16,6 +17,7 @@ def offsets(lengths, device):
 
 
 def packed_qkv(lengths_q, lengths_k, hq, hk, d, dtype, device, magnitude=1.0):
+    skip_unless_built(d, device)
     gen = torch.Generator().manual_seed(sum(lengths_q) * 31 + sum(lengths_k) + hq + d)
     make = lambda rows, h: (torch.randn(rows, h, d, generator=gen) * magnitude).to(device, dtype)  # noqa: E731
     return make(sum(lengths_q), hq), make(sum(lengths_k), hk), make(sum(lengths_k), hk)

@@ -198,7 +198,9 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
         pipeline_do.consumer_wait(do_state);
         gemm_wait<0>(acc_dk);  // the step before's dK (kDkIntoNextStep) has read its Q buffer
         if (kDkIntoNextStep && t > 0) release_q();
-        fill(rdS, Element(0));
+        Tensor acc_zero = partition_fragment_C(mma_sdp, typename Config::TileSt{});
+        clear(acc_zero);
+        convert_fragment_into(acc_zero, rdS);
         copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
       } else {
         Tensor acc_s = partition_fragment_C(mma_sdp, typename Config::TileSt{});
@@ -251,7 +253,7 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
             dscores(r, c) = probs(r, c) * (dscores(r, c) - column(row_delta, delta, c));
           }
         }
-        copy(convert_fragment<Element>(acc_dp), rdS);
+        convert_fragment_into(acc_dp, rdS);
 
         // dSᵀ to shared memory (buffer t % 2: its previous readers, step t - 2's GEMMs, finished
         // before both warpgroups passed step t - 1's kdSFull), then dQ = dS K over all keys.
