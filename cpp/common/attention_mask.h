@@ -49,12 +49,6 @@ struct AttentionMask {
     return key_begin + block_n > seqlen_k || (kCausal && key_begin + block_n - 1 > row_begin + diagonal);
   }
 
-  // Whether every key from key_begin on is hidden from every row before row_end: past seqlen_k or,
-  // with kCausal, after the diagonal of row row_end - 1.
-  CUTE_DEVICE bool hides_keys_from(int key_begin, int row_end) const {
-    return key_begin >= seqlen_k || (kCausal && key_begin > row_end - 1 + diagonal);
-  }
-
   // Whether query row `row` may not see key `key`.
   CUTE_DEVICE bool hides(int row, int key) const {
     return key >= seqlen_k || (kCausal && key > row + diagonal);

@@ -182,104 +182,78 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       const int t = step.t;
       const int row_begin = step.m_block * kBlockM;
       const int q_stage = q_state.index(), do_stage = do_state.index();
-      const int ds_buffer = t % 2;
-      // A warpgroup whose 64 keys no row of the step sees (causal with Sq = Sk: the second warpgroup
-      // at a key tile's first query tile; the keys past seqlen_k of a short last key tile) has
-      // Pᵀ = dSᵀ = 0 there: it skips Sᵀ, dPᵀ, dV, dK and the softmax, stores zeros as its half of
-      // dSᵀ and computes its half of dQ's columns with the other warpgroup. Its waits, releases and
-      // barriers are a full step's, in the same places of the code (a named barrier waited on at
-      // two places is an error to synccheck). FA3 computes the whole tile.
-      const bool hidden = mask.hides_keys_from(key_begin + wg * 64, cute::min(row_begin + kBlockM, seq.seqlen_q));
 
-      // dSᵀ as the A operand of dK's GEMM (converted in the step, zeros where hidden).
-      Tensor rdS = make_tensor<Element>(partition_fragment_C(mma_sdp, typename Config::TileSt{}).layout());
-      if (hidden) {
-        pipeline_q.consumer_wait(q_state);
-        pipeline_do.consumer_wait(do_state);
-        gemm_wait<0>(acc_dk);  // the step before's dK (kDkIntoNextStep) has read its Q buffer
-        if (kDkIntoNextStep && t > 0) release_q();
-        Tensor acc_zero = partition_fragment_C(mma_sdp, typename Config::TileSt{});
-        clear(acc_zero);
-        convert_fragment_into(acc_zero, rdS);
-        copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
-      } else {
-        Tensor acc_s = partition_fragment_C(mma_sdp, typename Config::TileSt{});
-        Tensor acc_dp = partition_fragment_C(mma_sdp, typename Config::TileSt{});
-        // The lse and delta values of this thread's query columns are read from shared memory
-        // before the waits for Sᵀ and dPᵀ (lse while Sᵀ runs, delta while dPᵀ does): read after
-        // them, their latency (behind the tensor cores' shared-memory traffic) sat between each
-        // GEMM and the math on its result (Nsight Compute's source view: the first use of lse was
-        // the kernel's most stalled instruction). Not both at once; and where a thread has 32
-        // query columns (kBlockM = 128, D = 64) after the waits as before: 32 more live registers
-        // spill.
-        const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
-        const float* delta = smem.delta.data() + do_stage * kBlockM;
-        float row_lse[kScoreCols], row_delta[kScoreCols];
-        pipeline_q.consumer_wait(q_state);
-        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), acc_s);
-        if constexpr (kRowsEarly) read_columns(lse_log2, row_lse);
-        pipeline_do.consumer_wait(do_state);
-        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tdPrV, tdPrdO(_, _, _, do_stage), acc_dp);
+      Tensor acc_s = partition_fragment_C(mma_sdp, typename Config::TileSt{});
+      Tensor acc_dp = partition_fragment_C(mma_sdp, typename Config::TileSt{});
+      // The lse and delta values of this thread's query columns are read from shared memory before
+      // the waits for Sᵀ and dPᵀ (lse while Sᵀ runs, delta while dPᵀ does): read after them,
+      // their latency (behind the tensor cores' shared-memory traffic) sat between each GEMM and
+      // the math on its result (Nsight Compute's source view: the first use of lse was the
+      // kernel's most stalled instruction). Not both at once; and where a thread has 32 query
+      // columns (kBlockM = 128, D = 64) after the waits as before: 32 more live registers spill.
+      const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
+      const float* delta = smem.delta.data() + do_stage * kBlockM;
+      float row_lse[kScoreCols], row_delta[kScoreCols];
+      pipeline_q.consumer_wait(q_state);
+      gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tSrK, tSrQ(_, _, _, q_stage), acc_s);
+      if constexpr (kRowsEarly) read_columns(lse_log2, row_lse);
+      pipeline_do.consumer_wait(do_state);
+      gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tdPrV, tdPrdO(_, _, _, do_stage), acc_dp);
 
-        // Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e); the pre-pass stored lse·log2e, +inf for rows
-        // that see no key or lie past seqlen_q (their P is 0). Masked: keys past seqlen_k (K there
-        // is zero-filled or, varlen, the next sequence's; exp2(-lse) could overflow) and, causal,
-        // keys after a row's diagonal.
-        gemm_wait<1>(acc_s);
-        // The previous step's dK (issued before this Sᵀ, and wgmma groups complete in order) is
-        // done: its Q buffer may take the next load.
-        if (kDkIntoNextStep && t > 0) release_q();
-        if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) {
-          mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
-        }
-        auto probs = rowcol_view(acc_s);
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(probs); ++c) {
-          CUTE_UNROLL
-          for (int r = 0; r < size<0>(probs); ++r) {
-            probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - column(row_lse, lse_log2, c));
-          }
-        }
-        Tensor rP = convert_fragment<Element>(acc_s);
-        if constexpr (kRowsEarly) read_columns(delta, row_delta);
-
-        // dSᵀ = Pᵀ ∘ (dPᵀ - delta).
-        gemm_wait<0>(acc_dp);
-        auto dscores = rowcol_view(acc_dp);
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(dscores); ++c) {
-          CUTE_UNROLL
-          for (int r = 0; r < size<0>(dscores); ++r) {
-            dscores(r, c) = probs(r, c) * (dscores(r, c) - column(row_delta, delta, c));
-          }
-        }
-        convert_fragment_into(acc_dp, rdS);
-
-        // dSᵀ to shared memory (buffer t % 2: its previous readers, step t - 2's GEMMs, finished
-        // before both warpgroups passed step t - 1's kdSFull), then dQ = dS K over all keys.
-        copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
-        // dV += Pᵀ dO is issued only now, after dSᵀ's store (FA3's order): issued as soon as Pᵀ
-        // was converted, it ran beside the dS math, but the dSᵀ store and so the kdSFull barrier
-        // came later; measured 4.6-5.9% faster at D = 64 this way, level at D = 128
-        // (benchmarks/NOTES.md). Issued before the fence that makes dSᵀ visible to the other
-        // warpgroup's dQ GEMM (dV reads none of it), so that the tensor cores start on it while
-        // the fence drains.
-        Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
-        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
+      // Pᵀ = exp2(Sᵀ·scale·log2e - lse·log2e); the pre-pass stored lse·log2e, +inf for rows that
+      // see no key or lie past seqlen_q (their P is 0). Masked: keys past seqlen_k (K there is
+      // zero-filled or, varlen, the next sequence's; exp2(-lse) could overflow) and, causal, keys
+      // after a row's diagonal.
+      gemm_wait<1>(acc_s);
+      // The previous step's dK (issued before this Sᵀ, and wgmma groups complete in order) is done:
+      // its Q buffer may take the next load.
+      if (kDkIntoNextStep && t > 0) release_q();
+      if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) {
+        mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
       }
+      auto probs = rowcol_view(acc_s);
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(probs); ++c) {
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(probs); ++r) {
+          probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - column(row_lse, lse_log2, c));
+        }
+      }
+      Tensor rP = convert_fragment<Element>(acc_s);
+      if constexpr (kRowsEarly) read_columns(delta, row_delta);
+
+      // dSᵀ = Pᵀ ∘ (dPᵀ - delta).
+      gemm_wait<0>(acc_dp);
+      auto dscores = rowcol_view(acc_dp);
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(dscores); ++c) {
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(dscores); ++r) {
+          dscores(r, c) = probs(r, c) * (dscores(r, c) - column(row_delta, delta, c));
+        }
+      }
+      Tensor rdS = convert_fragment<Element>(acc_dp);
+
+      // dSᵀ to shared memory (buffer t % 2: its previous readers, step t - 2's GEMMs, finished
+      // before both warpgroups passed step t - 1's kdSFull), then dQ = dS K over all keys.
+      const int ds_buffer = t % 2;
+      copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
+      // dV += Pᵀ dO is issued only now, after dSᵀ's store (FA3's order): issued as soon as Pᵀ was
+      // converted, it ran beside the dS math, but the dSᵀ store and so the kdSFull barrier came
+      // later; measured 4.6-5.9% faster at D = 64 this way, level at D = 128 (benchmarks/NOTES.md).
+      // Issued before the fence that makes dSᵀ visible to the other warpgroup's dQ GEMM (dV reads
+      // none of it), so that the tensor cores start on it while the fence drains.
+      Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdVrP, tdVrdOt(_, _, _, do_stage), acc_dv);
       cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
       barrier_sync(BackwardBarrier::kdSFull, Config::kMmaThreads);
       Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQ{});
       Tensor tdQrdS_buffer = tdQrdS(_, _, _, ds_buffer);
       gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, tdQrKt, acc_dq);
-      if (!hidden) {
-        // dK behind dQ; dQ is staged for the dQ writer while dK runs.
-        Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_a_operand(rdS.layout()));
-        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdKrdS, tdKrQt(_, _, _, q_stage), acc_dk);
-        gemm_wait<1>(acc_dq);  // dV and dQ done
-      } else {
-        gemm_wait<0>(acc_dq);
-      }
+      // dK behind dQ; dQ is staged for the dQ writer while dK runs.
+      Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_a_operand(acc_dp.layout()));
+      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/true>(mma_dkv, tdKrdS, tdKrQt(_, _, _, q_stage), acc_dk);
+      gemm_wait<1>(acc_dq);  // dV and dQ done
       pipeline_do.consumer_release(do_state);  // dV was dO's last reader: its next load may start
       add_dq(t, acc_dq);
       ++q_state;
