@@ -13,6 +13,7 @@ def make_cache(used, hq, hk, sq, d, dtype, device, capacity=None, page_size=None
     (B, hk, capacity, d), or paged (num_pages, page_size, hk, d) with a shuffled page table (and
     spare pages). Returns q, k_cache, v_cache, cache_seqlens, page_table, and the dense keys and
     values of each entry ((1, hk, used[b], d) each) for the reference."""
+    skip_unless_built(d, device)
     gen = torch.Generator().manual_seed(seed)
     b = len(used)
     capacity = capacity or max(used + [1])
