@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fa
-from helpers import assert_within_lowp_error, cuda_families, naive_attention, poison_cuda_allocator
+from helpers import assert_within_lowp_error, cuda_families, naive_attention, poison_cuda_allocator, skip_unless_built
 
 
 def make_cache(used, hq, hk, sq, d, dtype, device, capacity=None, page_size=None, seed=0):
