@@ -540,6 +540,11 @@ def sweep_cases(dtype: str, causal_values, modes) -> List[Case]:
     return cases
 
 
+def causal_values(arg: str) -> List[bool]:
+    """--causal 0, 1 or both as the causal flags to run."""
+    return {"0": [False], "1": [True], "both": [False, True]}[arg]
+
+
 def parse_shapes(text: str) -> List[Tuple[int, int, int, int]]:
     """'B,H,S,D;B,H,S,D' (or '/' between shapes: scripts/device_run.sh takes ';' between runs)."""
     shapes = []
@@ -599,7 +604,7 @@ def parse_args(argv=None):
     args.dtypes = [d for d in args.dtype.split(",") if d]
     if set(args.dtypes) - {"float16", "bfloat16"}:
         p.error(f"--dtype takes float16 and/or bfloat16, got {args.dtype}")
-    args.causal_values = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
+    args.causal_values = causal_values(args.causal)
     args.modes = ["fwd", "bwd"] if args.mode == "fwd+bwd" else [args.mode]
     return args
 

@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     lookup = entry_point_lookup_us()
     if lookup:
         print(f"driver entry point lookup by name {lookup[0]:.2f} us, cudaGetDevice {lookup[1]:.2f} us (ctypes)")
-    causal_values = [False, True] if args.causal == "both" else [args.causal == "1"]
+    causal_values = bench.causal_values(args.causal)
     print("| impl | dtype | shape | causal | host us/call autograd (min / median) | op (min / median) "
           "| do_bench ms median / p90 | slow calls | calls |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     if args.suite == "decode":
         return decode_kernel_times(args)
     args.impl = args.impl or "fa-sm90,fa3"
-    causal_values = [False, True] if args.causal == "both" else [args.causal == "1"]
+    causal_values = bench.causal_values(args.causal)
     for dtype in args.dtype.split(","):
         for shape in args.shapes:
             for causal in causal_values:
