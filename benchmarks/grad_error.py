@@ -62,7 +62,7 @@ def main():
         dtype = getattr(torch, dtype_name)
         for shape in args.shapes.split(";"):
             b, h, s, d = (int(x) for x in shape.split(","))
-            for causal in ([False, True] if args.causal == "both" else [args.causal == "1"]):
+            for causal in bench.causal_values(args.causal):
                 q, k, v = helpers.random_qkv(b, h, h, s, s, d, dtype, "cuda", seed=args.seed)
                 dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(args.seed + 1)).to("cuda", dtype)
                 ref = helpers.naive_attention_grads(q, k, v, dout, causal=causal)

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     impls = args.impl.split(",")
     fns = {name: bench.make_impl(name) for name in impls}
-    causals = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
+    causals = bench.causal_values(args.causal)
     print(f"| shape | causal | impl | ms per placement | median | spread | time / {impls[0]}'s |")
     print("|---|---|---|---|---|---|---|")
     for shape in args.shapes:

@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     energy = energy_counter()
     print("| dtype | shape (B, H, S, D) | causal | mode | flush | impl | round | ms/call | SM MHz | W | Mcycles/call | mJ/call | samples |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    causal_values = [False, True] if args.causal == "both" else [args.causal == "1"]
+    causal_values = bench.causal_values(args.causal)
     try:
         for dtype in args.dtype.split(","):
             for shape in args.shapes:
