@@ -77,6 +77,9 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=HERE / "results", help="folder of the .ncu-rep")
     p.add_argument("--ncu", default="ncu", help="the Nsight Compute CLI")
     p.add_argument("--set", default="full", help="ncu metric set")
+    p.add_argument("--metrics", default="", metavar="M1,M2",
+                   help="more metrics to collect and print per kernel with their raw values (e.g. "
+                        "l1tex__data_bank_reads.sum); those this ncu does not know are left out, with a note")
     p.add_argument("--source-top", type=int, default=0, metavar="N",
                    help="also print the N SASS instructions with the most excess shared-memory wavefronts "
                         "and the most stall samples (from ncu's source page)")
@@ -199,7 +202,15 @@ def is_main_kernel(name):
                                        "bprop", "FlashAttnFwd", "FlashAttnBwd"))
 
 
-def summarize(rows, flops):
+def known_metrics(wanted, query_text):
+    """The metrics of `wanted` whose base name (before the first '.') appears in `ncu
+    --query-metrics` output, and those left out."""
+    names = set(re.findall(r"^\s*([a-z0-9_]+__[A-Za-z0-9_]+)", query_text, re.M))
+    kept = [m for m in wanted if m.split(".")[0] in names]
+    return kept, [m for m in wanted if m not in kept]
+
+
+def summarize(rows, flops, extra=()):
     lines = []
     for row in rows:
         name = row.get("Kernel Name", "?")
@@ -216,6 +227,8 @@ def summarize(rows, flops):
             else:
                 text = fmt(value) if value is not None else "n/a"
             lines.append(f"  {label:24s} {text}")
+        for metric in extra:
+            lines.append(f"  {metric:24s} {row.get('raw', {}).get(metric, 'n/a')}")
         stalls = sorted(((number(row, m) or 0.0, STALL_METRIC.match(m).group(1)) for m in row
                          if m != "raw" and STALL_METRIC.match(m)), reverse=True)
         if stalls:
@@ -314,15 +327,21 @@ def main(argv=None) -> int:
     report = args.out / f"profile-{impl_tag}{args.mode}-{shape_tag}{'-causal' if args.causal else ''}.ncu-rep"
     worker_cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", ",".join(map(str, args.shape)),
                   "--dtype", args.dtype, "--mode", args.mode, "--impl", args.impl] + (["--causal"] if args.causal else [])
+    extra = [m for m in args.metrics.split(",") if m]
+    if extra:
+        query = subprocess.run([args.ncu, "--query-metrics"], capture_output=True, text=True).stdout
+        extra, unknown = known_metrics(extra, query)
+        if unknown:
+            print(f"profile: this ncu does not know {', '.join(unknown)}: left out", file=sys.stderr)
     cmd = [args.ncu, "--profile-from-start", "off", "--nvtx", "--clock-control", "none", "--set", args.set,
-           "--metrics", ",".join(EXTRA_METRICS), "--import-source", "yes", "--force-overwrite", "--export", str(report.with_suffix(""))] + worker_cmd
+           "--metrics", ",".join(EXTRA_METRICS + extra), "--import-source", "yes", "--force-overwrite", "--export", str(report.with_suffix(""))] + worker_cmd
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     flops = case_flops(args.shape, args.causal, args.mode)
     print(f"\nreport: {report}  (open with: ncu-ui {report})")
     print(f"case: {args.impl} {args.shape} {args.dtype} causal={args.causal} {args.mode}, "
           f"{flops / 1e12:.2f} TFLOP (4·B·H·S²·D{'/2' if args.causal else ''}{' x2.5' if args.mode == 'bwd' else ''})")
-    print(summarize(read_report(args.ncu, report), flops))
+    print(summarize(read_report(args.ncu, report), flops, extra))
     if args.source_top:
         text = subprocess.run([args.ncu, "--import", str(report), "--page", "source", "--csv", "--print-source", "sass"],
                               capture_output=True, text=True).stdout

@@ -278,6 +278,19 @@ def test_profile_summary_from_raw_csv():
     short = "\n".join(",".join(f'"{c}"' for c in r) for r in (names, ["", "", "ms", "", "KB", "", "", ""], row))
     assert fa_profile.parse_raw_csv(short)[0]["gpu__time_duration.sum"] == pytest.approx(0.026)
     assert fa_profile.parse_raw_csv(short)[0]["launch__shared_mem_per_block_dynamic"] == pytest.approx(49150)
+    # --metrics: the extra metrics' raw values under their names.
+    assert "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio 0.5" in \
+        fa_profile.summarize(launches, flops, ["smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"])
+
+
+def test_profile_keeps_the_metrics_ncu_knows():
+    query = ("Device NVIDIA H100 (GH100)\n-----\nMetric Name        Metric Description\n-----\n"
+             "l1tex__data_bank_reads      # of data bank reads\n"
+             "sm__cycles_elapsed          # of cycles elapsed on SM\n")
+    kept, unknown = fa_profile.known_metrics(
+        ["l1tex__data_bank_reads.sum", "sm__cycles_elapsed.avg", "l1tex__no_such_metric.sum"], query)
+    assert kept == ["l1tex__data_bank_reads.sum", "sm__cycles_elapsed.avg"]
+    assert unknown == ["l1tex__no_such_metric.sum"]
 
 
 def test_profile_names_the_attention_kernel():
