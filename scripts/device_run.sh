@@ -193,6 +193,16 @@ if [ -n "$kernel_times" ]; then
   python3 benchmarks/kernel_times.py ${kernel_times} 2> "$OUT/kernel_times.stderr" | tee "$OUT/kernel_times.md"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
+if [ -n "$profile" ]; then
+  IFS=';' read -ra runs <<< "$profile"
+  for r in "${runs[@]}"; do
+    step "profile ${r}"
+    # shellcheck disable=SC2086
+    python3 benchmarks/profile_ncu.py --out "$OUT" ${r} 2>&1 | tee -a "$OUT/profile.txt" | grep -v "^==PROF==" | tail -45
+  done
+fi
+# The A/B last: it reinstalls each of its wheels in turn, so every step above runs on the first one
+# (a profile placed after it once measured the last wheel installed, not the first).
 if [ -n "$ab" ]; then
   read -ra builds <<< "$ab"
   for round in 1 2; do
@@ -206,14 +216,6 @@ if [ -n "$ab" ]; then
       env $assign python3 benchmarks/bench.py --out "$OUT" --name "ab_$(echo "$b" | tr -c 'A-Za-z0-9_\n' _)_${round}" \
         ${ab_bench} 2>> "$OUT/bench.stderr" | grep -E "^\| " | tee -a "$OUT/ab.md"
     done
-  done
-fi
-if [ -n "$profile" ]; then
-  IFS=';' read -ra runs <<< "$profile"
-  for r in "${runs[@]}"; do
-    step "profile ${r}"
-    # shellcheck disable=SC2086
-    python3 benchmarks/profile_ncu.py --out "$OUT" ${r} 2>&1 | tee -a "$OUT/profile.txt" | grep -v "^==PROF==" | tail -45
   done
 fi
 # The device tool brings back at most 8 files from $OUT: past that, the summaries stay as they are
