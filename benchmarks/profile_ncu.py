@@ -334,7 +334,7 @@ def main(argv=None) -> int:
         if unknown:
             print(f"profile: this ncu does not know {', '.join(unknown)}: left out", file=sys.stderr)
     cmd = [args.ncu, "--profile-from-start", "off", "--nvtx", "--clock-control", "none", "--set", args.set,
-           "--metrics", ",".join(EXTRA_METRICS + extra), "--import-source", "yes", "--force-overwrite", "--export", str(report.with_suffix(""))] + worker_cmd
+           "--metrics", ",".join(dict.fromkeys(EXTRA_METRICS + extra)), "--import-source", "yes", "--force-overwrite", "--export", str(report.with_suffix(""))] + worker_cmd
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     flops = case_flops(args.shape, args.causal, args.mode)
