@@ -8,7 +8,9 @@
 
 Each implementation is timed with CUDA events (triton.testing.do_bench, median of warmed-up
 repeats), in --rounds rounds per case with the implementations in another order each round; the
-median of the rounds is reported (see round_orders). TFLOP/s counts 4·B·H·Sq·Sk·D for the forward
+median of the rounds is reported (see round_orders); with --interleave SECONDS the implementations
+are instead called one call at a time in a shuffled order each cycle, and each one's median call is
+reported (see benchmark_interleaved). TFLOP/s counts 4·B·H·Sq·Sk·D for the forward
 (two matmuls of 2·Sq·Sk·D each), halved when causal, and 2.5x that for the backward (five
 matmuls). Every fa result is checked against SDPA's in the same run; a mismatch fails the run, so
 a wrong kernel never yields a fast number.
@@ -22,6 +24,7 @@ import itertools
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -74,6 +77,7 @@ class Result:
     ratio_to_fa3: Optional[float] = None
     note: str = ""
     round_ms: str = ""  # each round's median, in the order the rounds ran ("0.912 0.905 0.917")
+    vs_fa3_cycles: str = ""  # --interleave: FA3's time over this one's per cycle, "median (q1-q3)"
 
 
 def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal, mode="fwd") -> float:
@@ -380,24 +384,14 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None, rounds
     Returns the results and the fa mismatches found."""
     results, mismatches = [], []
     free_bytes = torch.cuda.mem_get_info()[0]
-    fns, unavailable = {}, {}
-    for name in impls:
-        try:
-            fns[name] = make_impl(name)
-        except ImportError as err:  # FA3 not installed: skipped with a note
-            unavailable[name] = f"not importable: {err}"
+    fns, unavailable = impl_functions(impls)
     warmup, rep = timing_ms(rounds, warmup)
     orders = round_orders(impls, rounds)  # the same for every case (up to ~1 s for 8 impls)
     for case in cases:
         inputs = make_inputs(case, requires_grad=case.mode == "bwd")
         outputs: Dict[str, torch.Tensor] = {}
-        by_impl = {impl: Result(case, impl) for impl in impls}
+        by_impl = {impl: Result(case, impl, note=skip_note(case, impl, unavailable, free_bytes)) for impl in impls}
         times: Dict[str, List[float]] = {impl: [] for impl in impls}
-        for impl in impls:
-            if impl in unavailable:
-                by_impl[impl].note = unavailable[impl]
-            elif materialises_scores(impl) and scores_bytes(case) > 0.8 * free_bytes:
-                by_impl[impl].note = f"skipped: S x S needs ~{scores_bytes(case) / 2**30:.0f} GiB"
         for order in orders:
             for impl in order:
                 res = by_impl[impl]
@@ -423,10 +417,154 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None, rounds
                 res.ms = statistics.median(times[res.impl])
                 res.tflops = tflops(case, res.ms)
                 res.round_ms = " ".join(f"{t:.4f}" for t in times[res.impl])
-        check_fa(case, outputs, mismatches)
-        fill_ratios(case_results)
-        results.extend(case_results)
+        results.extend(finish_case(case, case_results, outputs, mismatches))
         del inputs, outputs
+        torch.cuda.empty_cache()
+    return results, mismatches
+
+
+def impl_functions(impls: Sequence[str]) -> Tuple[Dict[str, Callable], Dict[str, str]]:
+    """Each implementation's function, and a note for each that cannot be imported here."""
+    fns, unavailable = {}, {}
+    for name in impls:
+        try:
+            fns[name] = make_impl(name)
+        except ImportError as err:  # FA3 not installed: skipped with a note
+            unavailable[name] = f"not importable: {err}"
+    return fns, unavailable
+
+
+def skip_note(case: Case, impl: str, unavailable: Dict[str, str], free_bytes: int) -> str:
+    """Why impl is not timed on case (not importable, or S x S would not fit), else ''."""
+    if impl in unavailable:
+        return unavailable[impl]
+    if materialises_scores(impl) and scores_bytes(case) > 0.8 * free_bytes:
+        return f"skipped: S x S needs ~{scores_bytes(case) / 2**30:.0f} GiB"
+    return ""
+
+
+def finish_case(case: Case, case_results: List[Result], outputs: Dict[str, torch.Tensor],
+                mismatches: List[str]) -> List[Result]:
+    check_fa(case, outputs, mismatches)
+    fill_ratios(case_results)
+    return case_results
+
+
+# Interleaved timing (--interleave SECONDS): a case's implementations are called one call at a time,
+# in another (seeded, shuffled) order each cycle, each call timed with its own CUDA events after the
+# same 256 MB write that do_bench makes before each of its calls (it empties L2), for SECONDS after a
+# warm-up of such cycles that is not timed; an implementation's time is the median of its calls.
+# Why: rounds time one implementation for 100 ms after another's 250 ms of warm-up, and at the card's
+# power limit the clock over those 100 ms follows the load of the last second or so — NOTES.md,
+# sessions 39-40, 54-55 and 62: the same kernel's rounds spread 2-7% within a process, FA3's time over
+# fa's per round up to 0.15 on one row. Called call by call, every implementation runs at the clock of
+# the same mixed load, and a cycle's calls lie within a few ms of each other; the per-cycle ratios
+# (Result.vs_fa3_cycles: FA3's time over this implementation's in each cycle, median and quartiles)
+# say how far a ratio can be trusted.
+INTERLEAVE_WARMUP_MS = 500
+INTERLEAVE_MIN_CYCLES = 5
+L2_CLEAR_BYTES = 256 * 2**20
+
+
+def cycle_orders(impls: Sequence[str], cycles: int, seed: int = 0) -> List[List[str]]:
+    """Each cycle's order: a shuffle of impls (seeded, so that a run can be repeated)."""
+    rng = random.Random(seed)
+    orders = []
+    for _ in range(cycles):
+        order = list(impls)
+        rng.shuffle(order)
+        orders.append(order)
+    return orders
+
+
+def quartiles(values: Sequence[float]) -> Tuple[float, float, float]:
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def run_cycles(calls: Dict[str, Callable[[], object]], orders: Sequence[Sequence[str]],
+               clear: torch.Tensor) -> Dict[str, List[float]]:
+    """Runs the calls in the given orders, each after clear's write (L2 emptied), all enqueued before
+    one synchronisation; each call's ms, in cycle order."""
+    events: Dict[str, list] = {impl: [] for impl in calls}
+    for order in orders:
+        for impl in order:
+            clear.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with kernel_family(impl):
+                start.record()
+                calls[impl]()
+                end.record()
+            events[impl].append((start, end))
+    torch.cuda.synchronize()
+    return {impl: [s.elapsed_time(e) for s, e in pairs] for impl, pairs in events.items()}
+
+
+def per_cycle_ratios(times: Dict[str, List[float]], reference: str) -> Dict[str, str]:
+    """For each implementation, the reference's time over its own in each cycle: 'median (q1-q3)'."""
+    if reference not in times:
+        return {}
+    out = {}
+    for impl, ts in times.items():
+        q1, q2, q3 = quartiles([r / t for r, t in zip(times[reference], ts)])
+        out[impl] = f"{q2:.3f} ({q1:.3f}-{q3:.3f})"
+    return out
+
+
+def benchmark_interleaved(cases: Sequence[Case], impls: Sequence[str], seconds: float, progress=None,
+                          warmup: Optional[int] = None, seed: int = 0) -> Tuple[List[Result], List[str]]:
+    """Runs every impl on every case call by call (see INTERLEAVE_WARMUP_MS above): `warmup` ms of
+    cycles untimed, then at least INTERLEAVE_MIN_CYCLES cycles filling `seconds`; a result's time is
+    the median of its calls. Returns the results and the fa mismatches found."""
+    results, mismatches = [], []
+    free_bytes = torch.cuda.mem_get_info()[0]
+    fns, unavailable = impl_functions(impls)
+    warmup = INTERLEAVE_WARMUP_MS if warmup is None else warmup
+    clear = torch.empty(L2_CLEAR_BYTES, dtype=torch.int8, device="cuda")
+    for case in cases:
+        inputs = make_inputs(case, requires_grad=case.mode == "bwd")
+        outputs: Dict[str, torch.Tensor] = {}
+        by_impl = {impl: Result(case, impl, note=skip_note(case, impl, unavailable, free_bytes)) for impl in impls}
+        calls: Dict[str, Callable[[], object]] = {}
+        for impl in impls:  # each call made once, outside the timing: its output and its extra memory
+            res = by_impl[impl]
+            if res.note:
+                continue
+            try:
+                with kernel_family(impl):
+                    call = case_call(case, fns[impl], inputs)
+                    torch.cuda.synchronize()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    out = call()
+                    torch.cuda.synchronize()
+                res.extra_mem_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
+                outputs[impl] = out.detach() if case.mode == "fwd" else torch.cat([g.flatten() for g in out])
+                calls[impl] = call
+                del out
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as err:  # backend not available
+                res.note = f"unavailable: {str(err).splitlines()[0][:80]}"
+                torch.cuda.empty_cache()
+        if calls:
+            start = time.perf_counter()
+            run_cycles(calls, cycle_orders(calls, 1, seed + 1), clear)
+            cycle_ms = max(1e3 * (time.perf_counter() - start), 1e-3)
+            run_cycles(calls, cycle_orders(calls, math.ceil(warmup / cycle_ms), seed + 2), clear)
+            cycles = max(INTERLEAVE_MIN_CYCLES, math.ceil(1e3 * seconds / cycle_ms))
+            times = run_cycles(calls, cycle_orders(calls, cycles, seed), clear)
+            vs_fa3 = per_cycle_ratios(times, "fa3")
+            for impl, ts in times.items():
+                res = by_impl[impl]
+                q1, res.ms, q3 = quartiles(ts)
+                res.tflops = tflops(case, res.ms)
+                res.round_ms = f"{len(ts)} calls, quartiles {q1:.4f} {q3:.4f}"
+                res.vs_fa3_cycles = vs_fa3.get(impl, "")
+        if progress:
+            progress()
+        results.extend(finish_case(case, [by_impl[impl] for impl in impls], outputs, mismatches))
+        del inputs, outputs, calls
         torch.cuda.empty_cache()
     return results, mismatches
 
@@ -470,15 +608,17 @@ def _fmt(value, spec):
 
 
 def markdown_table(results: Sequence[Result]) -> str:
+    cycles = any(r.vs_fa3_cycles for r in results)  # --interleave: the per-cycle ratios as a column
     header = ("| dtype | shape (B, H, S, D) | causal | mode | impl | ms | TFLOP/s | vs naive | vs cuDNN "
-              "| vs FA3 | extra MB | note |")
-    lines = [header, "|" + "---|" * 12]
+              "| vs FA3 | " + ("vs FA3 per cycle (quartiles) | " if cycles else "") + "extra MB | note |")
+    lines = [header, "|" + "---|" * (13 if cycles else 12)]
     for r in results:
         c = r.case
         lines.append(
             f"| {c.dtype} | {c.shape} | {int(c.causal)} | {c.mode} | {r.impl} | {_fmt(r.ms, '.3f')} | "
             f"{_fmt(r.tflops, '.0f')} | {_fmt(r.speedup_vs_naive, '.2f')} | {_fmt(r.ratio_to_cudnn, '.2f')} | "
-            f"{_fmt(r.ratio_to_fa3, '.2f')} | {_fmt(r.extra_mem_mb, '.0f')} | {r.note} |"
+            f"{_fmt(r.ratio_to_fa3, '.2f')} | " + (f"{r.vs_fa3_cycles} | " if cycles else "") +
+            f"{_fmt(r.extra_mem_mb, '.0f')} | {r.note} |"
         )
     return "\n".join(lines)
 
@@ -582,6 +722,11 @@ def parse_args(argv=None):
                    help="ms of a fixed load (bf16 GEMMs) run before each timing, so that every implementation's "
                         "timing follows the same work, not whichever implementation the round's order put before "
                         f"it (default {DEFAULT_SETTLE_MS}; 0: none; --suite shapes only)")
+    p.add_argument("--interleave", type=float, default=0, metavar="SECONDS",
+                   help="time each case call by call instead of in rounds: the implementations in a new shuffled "
+                        "order each cycle, each call after do_bench's L2-emptying write, for SECONDS after "
+                        f"--warmup ms (default {INTERLEAVE_WARMUP_MS}) of untimed cycles; the median of each one's "
+                        "calls (--rounds and --settle are not used; --suite shapes only)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: a timestamp)")
     args = p.parse_args(argv)
@@ -599,6 +744,8 @@ def parse_args(argv=None):
         p.error(f"--rounds takes a count of at least 1, got {args.rounds}")
     if args.settle < 0:
         p.error(f"--settle takes milliseconds (0 or more), got {args.settle}")
+    if args.interleave < 0:
+        p.error(f"--interleave takes seconds (0: off), got {args.interleave}")
     if args.warmup is not None and args.warmup < 0:
         p.error(f"--warmup takes milliseconds (0 or more), got {args.warmup}")
     args.dtypes = [d for d in args.dtype.split(",") if d]
@@ -668,28 +815,40 @@ def main(argv=None) -> int:
     if args.suite == "decode":
         return main_decode(args, meta)
     cases = build_cases(args)
-    meta["rounds"] = args.rounds
-    meta["warmup_ms"] = timing_ms(args.rounds, args.warmup)[0]
-    meta["settle_ms"] = args.settle
     meta["impls"] = list(args.impl)  # in this order: round_orders(impls, rounds) is each case's order
-    print(f"# {meta.get('gpu')}, torch {meta['torch']}, cuDNN {meta.get('cudnn')}, fa {meta.get('fa')} "
-          f"({meta.get('fa_kernel_family')}), commit {meta.get('commit')}, {args.rounds} round(s), "
-          f"{meta['warmup_ms']} ms warm-up each" + (f", {args.settle:g} ms of GEMMs before each" if args.settle else ""),
-          flush=True)
+    gpu = (f"# {meta.get('gpu')}, torch {meta['torch']}, cuDNN {meta.get('cudnn')}, fa {meta.get('fa')} "
+           f"({meta.get('fa_kernel_family')}), commit {meta.get('commit')}, ")
+    if args.interleave:
+        meta["interleave_s"] = args.interleave
+        meta["warmup_ms"] = INTERLEAVE_WARMUP_MS if args.warmup is None else args.warmup
+        print(gpu + f"interleaved call by call for {args.interleave:g} s a case after {meta['warmup_ms']} ms of "
+              "untimed cycles", flush=True)
+        steps = len(cases)
+    else:
+        meta["rounds"] = args.rounds
+        meta["warmup_ms"] = timing_ms(args.rounds, args.warmup)[0]
+        meta["settle_ms"] = args.settle
+        print(gpu + f"{args.rounds} round(s), {meta['warmup_ms']} ms warm-up each" +
+              (f", {args.settle:g} ms of GEMMs before each" if args.settle else ""), flush=True)
+        steps = len(cases) * len(args.impl) * args.rounds
     try:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(cases) * len(args.impl) * args.rounds, desc="bench", file=sys.stderr)
+        bar = tqdm(total=steps, desc="bench", file=sys.stderr)
         tick = lambda: bar.update(1)  # noqa: E731
     except ImportError:
         count = [0]
 
         def tick():
             count[0] += 1
-            print(f"\r{count[0]}/{len(cases) * len(args.impl) * args.rounds}", end="", file=sys.stderr, flush=True)
+            print(f"\r{count[0]}/{steps}", end="", file=sys.stderr, flush=True)
 
-    results, mismatches = benchmark(cases, args.impl, progress=tick, rounds=args.rounds, warmup=args.warmup,
-                                    settle_ms=args.settle)
+    if args.interleave:
+        results, mismatches = benchmark_interleaved(cases, args.impl, args.interleave, progress=tick,
+                                                    warmup=args.warmup)
+    else:
+        results, mismatches = benchmark(cases, args.impl, progress=tick, rounds=args.rounds, warmup=args.warmup,
+                                        settle_ms=args.settle)
     print(file=sys.stderr)
     print(markdown_table(results))
     print("\nTFLOP/s = 4·B·H·Sq·Sk·D / time (forward), halved when causal, x2.5 for the backward; "

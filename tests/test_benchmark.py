@@ -150,6 +150,38 @@ def test_arguments():
         bench.parse_args(["--warmup", "-1"])
 
 
+def test_interleaved_cycles_orders_and_ratios():
+    impls = ["fa-sm90", "fa-sm80", "fa3", "cudnn", "flash"]
+    orders = bench.cycle_orders(impls, 40)
+    assert orders == bench.cycle_orders(impls, 40) and orders != bench.cycle_orders(impls, 40, seed=1)
+    assert all(sorted(o) == sorted(impls) for o in orders)
+    for impl in impls:  # over many cycles every implementation runs at every place
+        assert {o.index(impl) for o in orders} == set(range(len(impls)))
+    assert bench.quartiles([3.0]) == (3.0, 3.0, 3.0) and bench.quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
+    times = {"fa": [1.0, 2.0, 1.0], "fa3": [1.1, 1.8, 1.2], "flash": [2.0, 4.0, 2.0]}
+    ratios = bench.per_cycle_ratios(times, "fa3")  # FA3's time over each one's, cycle by cycle
+    assert ratios["fa3"] == "1.000 (1.000-1.000)" and ratios["fa"] == "1.100 (1.000-1.150)"
+    assert ratios["flash"] == "0.550 (0.500-0.575)" and bench.per_cycle_ratios(times, "cudnn") == {}
+    case = bench.Case(1, 2, 128, 64, causal=False, mode="bwd")
+    table = bench.markdown_table([bench.Result(case, "fa", ms=1.0, vs_fa3_cycles=ratios["fa"])])
+    assert "| vs FA3 | vs FA3 per cycle (quartiles) | extra MB |" in table and "| 1.100 (1.000-1.150) |" in table
+    assert "per cycle" not in bench.markdown_table([bench.Result(case, "fa", ms=1.0)])
+    args = bench.parse_args(["--interleave", "2.5"])
+    assert args.interleave == 2.5 and bench.parse_args([]).interleave == 0
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--interleave", "-1"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="interleaved timing needs a GPU")
+def test_interleaved_benchmark_times_every_impl():
+    cases = [bench.Case(1, 2, 256, 64, causal, mode) for causal in (False, True) for mode in ("fwd", "bwd")]
+    results, mismatches = bench.benchmark_interleaved(cases, ["fa", "flash"], seconds=0.05, warmup=10)
+    assert not mismatches and len(results) == 8
+    for r in results:
+        assert r.ms > 0 and r.tflops > 0 and r.round_ms.split()[0].isdigit()
+        assert int(r.round_ms.split()[0]) >= bench.INTERLEAVE_MIN_CYCLES
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="sustained runs need a GPU (and nvidia-smi)")
 def test_sustained_rows_carry_the_energy_per_call(capsys):
     assert sustained.main(["--shapes", "1,2,256,64", "--impl", "fa", "--seconds", "0.5", "--rounds", "1",
