@@ -116,7 +116,22 @@ def sdpa_backend(name: str):
     }[name]
 
 
+def split_impl(impl: str) -> Tuple[str, Dict[str, str]]:
+    """'NAME' or 'NAME:VAR=VALUE[:VAR=VALUE…]' as (NAME, {VAR: VALUE}): an implementation run with
+    environment variables set around each of its calls (kernel_family), e.g. 'fa-sm90:FA_X=1' beside
+    'fa-sm90' to compare two settings of one library call by call in one process (--interleave)."""
+    name, *settings = impl.split(":")
+    env = {}
+    for setting in settings:
+        var, sep, value = setting.partition("=")
+        if not sep or not var:
+            raise ValueError(f"'{setting}' in --impl {impl} is not VAR=VALUE")
+        env[var] = value
+    return name, env
+
+
 def make_impl(name: str) -> Callable:
+    name = split_impl(name)[0]
     if name in FA_FAMILIES:
         import fa
 
@@ -146,20 +161,21 @@ def make_impl(name: str) -> Callable:
 
 @contextlib.contextmanager
 def kernel_family(impl: str):
-    """Sets FA_KERNEL_FAMILY for the fa-sm80 / fa-sm90 impls while they run."""
-    family = FA_FAMILIES.get(impl)
-    if family is None:
-        yield
-        return
-    old = os.environ.get("FA_KERNEL_FAMILY")
-    os.environ["FA_KERNEL_FAMILY"] = family
+    """Sets FA_KERNEL_FAMILY for the fa-sm80 / fa-sm90 impls, and an impl's own variables
+    (split_impl), while they run."""
+    name, env = split_impl(impl)
+    if FA_FAMILIES.get(name) is not None:
+        env = {"FA_KERNEL_FAMILY": FA_FAMILIES[name], **env}
+    old = {var: os.environ.get(var) for var in env}
+    os.environ.update(env)
     try:
         yield
     finally:
-        if old is None:
-            del os.environ["FA_KERNEL_FAMILY"]
-        else:
-            os.environ["FA_KERNEL_FAMILY"] = old
+        for var, value in old.items():
+            if value is None:
+                del os.environ[var]
+            else:
+                os.environ[var] = value
 
 
 @contextlib.contextmanager
@@ -193,7 +209,7 @@ def report_mismatches(mismatches: Sequence[str]) -> int:
 
 
 def materialises_scores(impl: str) -> bool:
-    return impl in ("naive", "math")
+    return split_impl(impl)[0] in ("naive", "math")
 
 
 def scores_bytes(case: Case) -> int:
@@ -576,8 +592,8 @@ REFERENCES = {"flash": "SDPA flash", "cudnn": "SDPA cudnn", "efficient": "SDPA e
 
 
 def check_fa(case: Case, outputs: Dict[str, torch.Tensor], mismatches: List[str]) -> None:
-    """Every fa result (each family) against the first reference (REFERENCES) of the same case."""
-    for name in (n for n in FA_FAMILIES if n in outputs):
+    """Every fa result (each family, each setting) against the first reference (REFERENCES) of the case."""
+    for name in (n for n in outputs if split_impl(n)[0] in FA_FAMILIES):
         ref_name = next((r for r in REFERENCES if r in outputs), None)
         if ref_name is None:
             mismatches.append(f"{case}: no SDPA or FA3 result to check {name} against")
@@ -707,7 +723,9 @@ def parse_args(argv=None):
     p.add_argument("--causal", choices=["0", "1", "both"], default="both")
     p.add_argument("--mode", choices=["fwd", "bwd", "fwd+bwd"], default="fwd+bwd")
     p.add_argument("--impl", default=None,
-                   help="comma-separated: " + ",".join(ALL_IMPLS) + " (--suite varlen: fa-varlen,fa3-varlen,sdpa-nested,fa-dense)")
+                   help="comma-separated: " + ",".join(ALL_IMPLS) + " (--suite varlen: fa-varlen,fa3-varlen,sdpa-nested,fa-dense); "
+                        "NAME:VAR=VALUE runs NAME with that environment variable set around each call, beside NAME "
+                        "itself (e.g. fa-sm90,fa-sm90:FA_SM90_FWD_PAIRS=0 --interleave 3)")
     p.add_argument("--sweep", action="store_true",
                    help=f"sequence lengths {SWEEP_SEQLENS} for head dims {SWEEP_HEAD_DIMS} instead of --shapes")
     p.add_argument("--plot", action="store_true", help="write a PNG of TFLOP/s against sequence length")
@@ -737,9 +755,12 @@ def parse_args(argv=None):
     if known is None:
         known, default = ALL_IMPLS, DEFAULT_IMPLS
     args.impl = [i for i in (args.impl or ",".join(default)).split(",") if i]
-    unknown = set(args.impl) - set(known)
+    try:
+        unknown = {split_impl(i)[0] for i in args.impl} - set(known)
+    except ValueError as err:
+        p.error(str(err))
     if unknown:
-        p.error(f"unknown --impl {sorted(unknown)}; choose from {known}")
+        p.error(f"unknown --impl {sorted(unknown)}; choose from {known} (each may carry :VAR=VALUE settings)")
     if args.rounds < 1:
         p.error(f"--rounds takes a count of at least 1, got {args.rounds}")
     if args.settle < 0:

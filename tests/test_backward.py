@@ -295,6 +295,18 @@ def test_gradients_rows_prepared_in_the_main_kernel(device, case, causal):
     check_backward(q, k, v, causal)
 
 
+@pytest.mark.parametrize("budget_mb", ["0", "1000"])
+def test_gradients_with_other_l2_sections(device, monkeypatch, budget_mb):
+    # FA_BWD_L2_BUDGET_MB (read at each call) sizes the Hopper backward's causal sections of
+    # (batch, kv head) units: one unit a section (0) or one section of all 32 (1000); D = 128's
+    # default is 20 MB (sections of 4 units of 4 MB here). The gradients are the reference's either way.
+    if device == "cpu":
+        pytest.skip("the Hopper family's tile order: CUDA only")
+    monkeypatch.setenv("FA_BWD_L2_BUDGET_MB", budget_mb)
+    q, k, v = random_qkv(4, 16, 8, 2000, 2000, 128, torch.bfloat16, device)  # GQA: 2 query heads a unit
+    check_backward(q, k, v, True)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_backward_family_serves_the_call(family, head_dim):
     # The Hopper family serves the backward for its native backward head dims (those of

@@ -166,6 +166,12 @@ def test_interleaved_cycles_orders_and_ratios():
     table = bench.markdown_table([bench.Result(case, "fa", ms=1.0, vs_fa3_cycles=ratios["fa"])])
     assert "| vs FA3 | vs FA3 per cycle (quartiles) | extra MB |" in table and "| 1.100 (1.000-1.150) |" in table
     assert "per cycle" not in bench.markdown_table([bench.Result(case, "fa", ms=1.0)])
+    assert bench.split_impl("fa-sm90") == ("fa-sm90", {})
+    assert bench.split_impl("fa-sm90:FA_A=1:FA_B=x") == ("fa-sm90", {"FA_A": "1", "FA_B": "x"})
+    assert bench.parse_args(["--impl", "fa-sm90,fa-sm90:FA_A=1,fa3"]).impl == ["fa-sm90", "fa-sm90:FA_A=1", "fa3"]
+    for bad in ("fa-sm90:FA_A", "bogus:FA_A=1"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--impl", bad])
     args = bench.parse_args(["--interleave", "2.5"])
     assert args.interleave == 2.5 and bench.parse_args([]).interleave == 0
     with pytest.raises(SystemExit):
@@ -281,6 +287,10 @@ def test_kernel_family_impls_set_the_environment(monkeypatch):
     assert os.environ["FA_KERNEL_FAMILY"] == "sm80"
     with bench.kernel_family("cudnn"):
         assert os.environ["FA_KERNEL_FAMILY"] == "sm80"
+    monkeypatch.delenv("FA_TEST_SETTING", raising=False)
+    with bench.kernel_family("fa-sm90:FA_TEST_SETTING=7"):  # an impl's own settings, then restored
+        assert os.environ["FA_KERNEL_FAMILY"] == "sm90" and os.environ["FA_TEST_SETTING"] == "7"
+    assert os.environ["FA_KERNEL_FAMILY"] == "sm80" and "FA_TEST_SETTING" not in os.environ
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU demonstration runs without a GPU")

@@ -15,5 +15,6 @@ from host_checks import MISSING, MISSING_REASON, run_host_check
 def test_tile_orders(tmp_path):
     run = run_host_check("tile_order", tmp_path)
     assert "causal 1:    4096 tiles, section 8" in run.stdout  # backward (2, 64, 4096, 128): 4 MB a pair
+    assert "causal 1:    4096 tiles, section 4" in run.stdout  # the same in D = 128's 20 MB
     assert "forward m_blocks   32 heads  16 batch  8 causal 1:    4096 tiles, section 16" in run.stdout
     assert run.returncode == 0 and run.stdout.strip().endswith("ok")

@@ -139,6 +139,14 @@ struct BackwardConfig {
   // time at the power limit. At D = 128 the main kernel slowed by about what the pre-pass saved
   // (level at the limit; benchmarks/NOTES.md, session 51).
   static constexpr bool kRowsInMainKernel = kHeadDim != 128;
+  // How much of L2 the causal order's sections may fill (BackwardTileOrder: (batch, kv head) units
+  // whose Q, dO and dQ workspace rows stream through L2 together, their key tiles longest first).
+  // 20 MB at D = 128: timed call by call against 40 MB in one process (bench.py --interleave,
+  // benchmarks/NOTES.md, session 63) 1.0-2.2% faster on the causal (2, 64, 4096), (4, 64, 8192)
+  // and (2, 16, 16384) rows, whose sections then hold 4, 2 and 1 units instead of 8, 4 and 2.
+  // 40 MB at D = 64 and 256, where it was not timed that way (session 17's rounds could not tell
+  // 16 from 64 MB). FA_BWD_L2_BUDGET_MB, read at each call, overrides it (launch_backward_main).
+  static constexpr int64_t kL2SectionBudget = int64_t(kHeadDim == 128 ? 20 : 40) << 20;
 
   // The buffers only some configurations have, as base classes present or empty: Pᵀ (split head
   // dim; laid out as dSᵀ, two buffers) and dQ's staging buffers (not with kdQFromRegisters).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include <cuda_runtime_api.h>
 #include <cute/tensor.hpp>
@@ -102,13 +103,15 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   if constexpr (!Config::kRowsInMainKernel) p.unit_ready = nullptr;
 
   // What one (batch, kv head) streams through L2: Q and dO of its query heads and their dQ
-  // workspace rows. The sections of the causal order fill at most kL2Budget of the H100's 50 MB.
-  constexpr int64_t kL2Budget = 40ll << 20;
+  // workspace rows. The sections of the causal order fill at most Config::kL2SectionBudget of the
+  // H100's 50 MB, or FA_BWD_L2_BUDGET_MB (a tuning knob for timing sections of other sizes).
+  int64_t l2_budget = Config::kL2SectionBudget;
+  if (const char* mb = std::getenv("FA_BWD_L2_BUDGET_MB")) l2_budget = int64_t(std::max(0, std::atoi(mb))) << 20;
   const int group = p.heads_q / p.heads_kv;
   const int64_t unit_bytes = int64_t(group) * p.seqlen_q_rounded * kHeadDim * (2 * sizeof(Element) + sizeof(float));
   const int n_blocks = (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
   if (int64_t(n_blocks) * p.heads_kv * p.batch > INT32_MAX) return cudaErrorInvalidConfiguration;  // a 1-D grid
-  const auto order = BackwardTileOrder::make(n_blocks, p.heads_kv, p.batch, kCausal, unit_bytes, kL2Budget);
+  const auto order = BackwardTileOrder::make(n_blocks, p.heads_kv, p.batch, kCausal, unit_bytes, l2_budget);
   // Persistent: about one CTA per SM, each taking key tiles of the order until none is left.
   int sms = 0;
   cudaError_t err = current_device_sms(sms);

@@ -113,6 +113,10 @@ int main() {
     check(5, 3, 7, causal, 1 * mb, budget);      // 21 pairs: sections of 16, the last of 5
     check(3, 1, 1, causal, 1 * mb, budget);      // one pair
     check(7, 2, 3, causal, 64 * mb, budget);     // no two pairs fit: sections of 1
+    // D = 128's budget (BackwardConfig::kL2SectionBudget, 20 MB)
+    check(32, 64, 2, causal, 4 * mb, 20 * mb);    // (2, 64, 4096, 128): sections of 4
+    check(64, 64, 4, causal, 8 * mb, 20 * mb);    // (4, 64, 8192, 128): sections of 2
+    check(128, 16, 2, causal, 16 * mb, 20 * mb);  // (2, 16, 16384, 128): sections of 1
     // The forward: K and V of one query head (2 · Sk · D · 2 bytes) against 32 MB.
     check_forward(32, 16, 8, causal, 2 * mb);    // (8, 16, 4096, 128): sections of 16
     check_forward(64, 16, 4, causal, 4 * mb);    // (4, 16, 8192, 128): sections of 8
