@@ -374,6 +374,14 @@ def run_case(case: Case, impl: str, fn: Callable, inputs, warmup: int = WARMUP_M
              rep: int = REP_MS, settle_ms: float = 0) -> Tuple[float, float, torch.Tensor]:
     """Times one implementation on one case: (ms, peak extra MB, output or gradients); settle_ms:
     the fixed load run just before the timing (settle())."""
+    call, extra_mb, result = first_call(case, fn, inputs)
+    settle(settle_ms)
+    return time_ms(call, warmup=warmup, rep=rep), extra_mb, result
+
+
+def first_call(case: Case, fn: Callable, inputs) -> Tuple[Callable[[], object], float, torch.Tensor]:
+    """The call that is timed (case_call), made once untimed: (the call, its peak extra MB, its
+    output or its gradients flattened into one tensor, for check_fa)."""
     call = case_call(case, fn, inputs)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -381,10 +389,8 @@ def run_case(case: Case, impl: str, fn: Callable, inputs, warmup: int = WARMUP_M
     result = call()
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
-    settle(settle_ms)
-    ms = time_ms(call, warmup=warmup, rep=rep)
     result = result.detach() if case.mode == "fwd" else torch.cat([g.flatten() for g in result])
-    return ms, extra / 2**20, result
+    return call, extra / 2**20, result
 
 
 def relative_mismatch(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -550,16 +556,7 @@ def benchmark_interleaved(cases: Sequence[Case], impls: Sequence[str], seconds: 
                 continue
             try:
                 with kernel_family(impl):
-                    call = case_call(case, fns[impl], inputs)
-                    torch.cuda.synchronize()
-                    base = torch.cuda.memory_allocated()
-                    torch.cuda.reset_peak_memory_stats()
-                    out = call()
-                    torch.cuda.synchronize()
-                res.extra_mem_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
-                outputs[impl] = out.detach() if case.mode == "fwd" else torch.cat([g.flatten() for g in out])
-                calls[impl] = call
-                del out
+                    calls[impl], res.extra_mem_mb, outputs[impl] = first_call(case, fns[impl], inputs)
             except (RuntimeError, torch.cuda.OutOfMemoryError) as err:  # backend not available
                 res.note = f"unavailable: {str(err).splitlines()[0][:80]}"
                 torch.cuda.empty_cache()
