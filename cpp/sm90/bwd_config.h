@@ -145,7 +145,7 @@ struct BackwardConfig {
   // benchmarks/NOTES.md, session 63) 1.0-2.2% faster on the causal (2, 64, 4096), (4, 64, 8192)
   // and (2, 16, 16384) rows, whose sections then hold 4, 2 and 1 units instead of 8, 4 and 2.
   // 40 MB at D = 64 and 256, where it was not timed that way (session 17's rounds could not tell
-  // 16 from 64 MB). FA_BWD_L2_BUDGET_MB, read at each call, overrides it (launch_backward_main).
+  // 16 from 64 MB). FA_BWD_L2_BUDGET_MB, read at each call, overrides it (launch_backward).
   static constexpr int64_t kL2SectionBudget = int64_t(kHeadDim == 128 ? 20 : 40) << 20;
 
   // The buffers only some configurations have, as base classes present or empty: Pᵀ (split head
