@@ -144,8 +144,10 @@ struct BackwardConfig {
   // 20 MB at D = 128: timed call by call against 40 MB in one process (bench.py --interleave,
   // benchmarks/NOTES.md, session 63) 1.0-2.2% faster on the causal (2, 64, 4096), (4, 64, 8192)
   // and (2, 16, 16384) rows, whose sections then hold 4, 2 and 1 units instead of 8, 4 and 2.
-  // 40 MB at D = 64 and 256, where it was not timed that way (session 17's rounds could not tell
-  // 16 from 64 MB). FA_BWD_L2_BUDGET_MB, read at each call, overrides it (launch_backward).
+  // 40 MB at D = 64 and 256, timed the same way (session 64, causal (16, 16, 2048, 64) and
+  // (4, 16, 4096, 256)): at D = 64 20 MB level (sections of 16 units instead of 32), 80 MB 2.5%
+  // slower; at D = 256 20 MB 2.2% slower (2 units instead of 4), 80 MB level.
+  // FA_BWD_L2_BUDGET_MB, read at each call, overrides it (launch_backward).
   static constexpr int64_t kL2SectionBudget = int64_t(kHeadDim == 128 ? 20 : 40) << 20;
 
   // The buffers only some configurations have, as base classes present or empty: Pᵀ (split head
