@@ -13,7 +13,8 @@ are instead called one call at a time in a shuffled order each cycle, and each o
 reported (see benchmark_interleaved). TFLOP/s counts 4·B·H·Sq·Sk·D for the forward
 (two matmuls of 2·Sq·Sk·D each), halved when causal, and 2.5x that for the backward (five
 matmuls). Every fa result is checked against SDPA's in the same run; a mismatch fails the run, so
-a wrong kernel never yields a fast number.
+a wrong kernel never yields a fast number. Where nvidia-smi runs, each result also carries the SM
+clock and board power over its timings (Sampler).
 """
 
 import argparse
@@ -26,7 +27,9 @@ import math
 import os
 import random
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -78,6 +81,8 @@ class Result:
     note: str = ""
     round_ms: str = ""  # each round's median, in the order the rounds ran ("0.912 0.905 0.917")
     vs_fa3_cycles: str = ""  # --interleave: FA3's time over this one's per cycle, "median (q1-q3)"
+    mhz: Optional[float] = None  # the SM clock over this result's timings (nvidia-smi's mean; Sampler)
+    watts: Optional[float] = None  # the board power over them
 
 
 def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal, mode="fwd") -> float:
@@ -223,6 +228,75 @@ def scores_bytes(case: Case) -> int:
 # do_bench's warm-up and repeats (ms) of a one-pass timing (--rounds 1); rounds have their own (below).
 WARMUP_MS = 50
 REP_MS = 300
+
+
+class Sampler:
+    """nvidia-smi in the background: (time.monotonic(), SM MHz, W) samples as they arrive, every
+    period_ms. At the card's power limit the clock follows the load of the last second or so, and
+    whether a table ran at the limit or below it (light implementations in the mix) decides how
+    level kernels read against each other (NOTES.md, sessions 36, 63, 64): each timing's mean clock
+    and power go beside its time. Raises OSError where nvidia-smi is missing."""
+
+    def __init__(self, period_ms=50):
+        self.samples = []
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+             f"-lms={period_ms}", f"--id={torch.cuda.current_device()}"],
+            stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.add(line)
+
+    def add(self, line: str, t: Optional[float] = None) -> None:
+        """One line of nvidia-smi's output ("1755, 690.12"), stamped with its arrival time."""
+        try:
+            mhz, watts = (float(x) for x in line.split(","))
+        except ValueError:  # "[N/A]" or a message
+            return
+        self.samples.append((time.monotonic() if t is None else t, mhz, watts))
+
+    def within(self, windows: Sequence[Tuple[float, float]]) -> Tuple[float, float, int]:
+        """Mean MHz, mean W and the count of the samples inside any of the (t0, t1) windows."""
+        inside = [(m, w) for t, m, w in list(self.samples) if any(t0 <= t <= t1 for t0, t1 in windows)]
+        if not inside:
+            return float("nan"), float("nan"), 0
+        return statistics.mean(m for m, _ in inside), statistics.mean(w for _, w in inside), len(inside)
+
+    def between(self, t0, t1):
+        return self.within([(t0, t1)])
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def open_sampler(wait_s: float = 5.0) -> Optional[Sampler]:
+    """A Sampler once its first sample has come (nvidia-smi takes a second or so to start), or None
+    where nvidia-smi is missing or sends nothing within wait_s: the tables then go without the clock
+    columns."""
+    try:
+        sampler = Sampler()
+    except OSError:
+        return None
+    deadline = time.monotonic() + wait_s
+    while not sampler.samples and time.monotonic() < deadline and sampler.proc.poll() is None:
+        time.sleep(0.02)
+    if not sampler.samples:
+        sampler.close()
+        return None
+    return sampler
+
+
+def set_clock(res: "Result", sampler: Optional[Sampler], windows: Sequence[Tuple[float, float]]) -> None:
+    """res.mhz and res.watts: the samples' means over its timings' windows (left None without any)."""
+    if sampler is None or not windows:
+        return
+    mhz, watts, n = sampler.within(windows)
+    if n:
+        res.mhz, res.watts = mhz, watts
 
 
 def time_ms(fn: Callable[[], object], warmup: int = WARMUP_MS, rep: int = REP_MS) -> float:
@@ -371,12 +445,18 @@ def case_call(case: Case, fn: Callable, inputs) -> Callable[[], object]:
 
 
 def run_case(case: Case, impl: str, fn: Callable, inputs, warmup: int = WARMUP_MS,
-             rep: int = REP_MS, settle_ms: float = 0) -> Tuple[float, float, torch.Tensor]:
+             rep: int = REP_MS, settle_ms: float = 0,
+             windows: Optional[List[Tuple[float, float]]] = None) -> Tuple[float, float, torch.Tensor]:
     """Times one implementation on one case: (ms, peak extra MB, output or gradients); settle_ms:
-    the fixed load run just before the timing (settle())."""
+    the fixed load run just before the timing (settle()); windows: gets the timing's (t0, t1)
+    (time.monotonic(), its warm-up included) appended."""
     call, extra_mb, result = first_call(case, fn, inputs)
     settle(settle_ms)
-    return time_ms(call, warmup=warmup, rep=rep), extra_mb, result
+    t0 = time.monotonic()
+    ms = time_ms(call, warmup=warmup, rep=rep)
+    if windows is not None:
+        windows.append((t0, time.monotonic()))
+    return ms, extra_mb, result
 
 
 def first_call(case: Case, fn: Callable, inputs) -> Tuple[Callable[[], object], float, torch.Tensor]:
@@ -399,11 +479,12 @@ def relative_mismatch(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None, rounds: int = DEFAULT_ROUNDS,
-              warmup: Optional[int] = None, settle_ms: float = 0) -> Tuple[List[Result], List[str]]:
+              warmup: Optional[int] = None, settle_ms: float = 0,
+              sampler: Optional[Sampler] = None) -> Tuple[List[Result], List[str]]:
     """Runs every impl on every case, `rounds` times in varied orders (round_orders); a result's
     time is the median of its rounds'. warmup: ms before each timing (default: timing_ms's);
-    settle_ms: the fixed load before each timing (settle()).
-    Returns the results and the fa mismatches found."""
+    settle_ms: the fixed load before each timing (settle()); sampler: each result's clock and
+    power over its timings (warm-ups included). Returns the results and the fa mismatches found."""
     results, mismatches = [], []
     free_bytes = torch.cuda.mem_get_info()[0]
     fns, unavailable = impl_functions(impls)
@@ -414,6 +495,7 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None, rounds
         outputs: Dict[str, torch.Tensor] = {}
         by_impl = {impl: Result(case, impl, note=skip_note(case, impl, unavailable, free_bytes)) for impl in impls}
         times: Dict[str, List[float]] = {impl: [] for impl in impls}
+        windows: Dict[str, List[Tuple[float, float]]] = {impl: [] for impl in impls}
         for order in orders:
             for impl in order:
                 res = by_impl[impl]
@@ -421,7 +503,7 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None, rounds
                     try:
                         with kernel_family(impl):
                             ms, extra, out = run_case(case, impl, fns[impl], inputs, warmup=warmup, rep=rep,
-                                                      settle_ms=settle_ms)
+                                                      settle_ms=settle_ms, windows=windows[impl])
                         times[impl].append(ms)
                         if impl not in outputs:
                             res.extra_mem_mb, outputs[impl] = extra, out
@@ -434,11 +516,14 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None, rounds
                 if progress:
                     progress()
         case_results = [by_impl[impl] for impl in impls]
+        if sampler is not None:
+            time.sleep(0.06)  # the last timing's last sample is on its way through nvidia-smi's pipe
         for res in case_results:
             if times[res.impl]:
                 res.ms = statistics.median(times[res.impl])
                 res.tflops = tflops(case, res.ms)
                 res.round_ms = " ".join(f"{t:.4f}" for t in times[res.impl])
+                set_clock(res, sampler, windows[res.impl])
         results.extend(finish_case(case, case_results, outputs, mismatches))
         del inputs, outputs
         torch.cuda.empty_cache()
@@ -536,10 +621,12 @@ def per_cycle_ratios(times: Dict[str, List[float]], reference: str) -> Dict[str,
 
 
 def benchmark_interleaved(cases: Sequence[Case], impls: Sequence[str], seconds: float, progress=None,
-                          warmup: Optional[int] = None, seed: int = 0) -> Tuple[List[Result], List[str]]:
+                          warmup: Optional[int] = None, seed: int = 0,
+                          sampler: Optional[Sampler] = None) -> Tuple[List[Result], List[str]]:
     """Runs every impl on every case call by call (see INTERLEAVE_WARMUP_MS above): `warmup` ms of
     cycles untimed, then at least INTERLEAVE_MIN_CYCLES cycles filling `seconds`; a result's time is
-    the median of its calls. Returns the results and the fa mismatches found."""
+    the median of its calls; sampler: the clock and power over the timed cycles (the same for every
+    implementation of a case). Returns the results and the fa mismatches found."""
     results, mismatches = [], []
     free_bytes = torch.cuda.mem_get_info()[0]
     fns, unavailable = impl_functions(impls)
@@ -566,7 +653,11 @@ def benchmark_interleaved(cases: Sequence[Case], impls: Sequence[str], seconds: 
             cycle_ms = max(1e3 * (time.perf_counter() - start), 1e-3)
             run_cycles(calls, cycle_orders(calls, math.ceil(warmup / cycle_ms), seed + 2), clear)
             cycles = max(INTERLEAVE_MIN_CYCLES, math.ceil(1e3 * seconds / cycle_ms))
+            t0 = time.monotonic()
             times = run_cycles(calls, cycle_orders(calls, cycles, seed), clear)
+            window = [(t0, time.monotonic())]
+            if sampler is not None:
+                time.sleep(0.06)  # the last sample is on its way through nvidia-smi's pipe
             vs_fa3 = per_cycle_ratios(times, "fa3")
             for impl, ts in times.items():
                 res = by_impl[impl]
@@ -574,6 +665,7 @@ def benchmark_interleaved(cases: Sequence[Case], impls: Sequence[str], seconds: 
                 res.tflops = tflops(case, res.ms)
                 res.round_ms = f"{len(ts)} calls, quartiles {q1:.4f} {q3:.4f}"
                 res.vs_fa3_cycles = vs_fa3.get(impl, "")
+                set_clock(res, sampler, window)
         if progress:
             progress()
         results.extend(finish_case(case, [by_impl[impl] for impl in impls], outputs, mismatches))
@@ -622,16 +714,19 @@ def _fmt(value, spec):
 
 def markdown_table(results: Sequence[Result]) -> str:
     cycles = any(r.vs_fa3_cycles for r in results)  # --interleave: the per-cycle ratios as a column
+    clocks = any(r.mhz is not None for r in results)  # Sampler: the SM clock and power as columns
     header = ("| dtype | shape (B, H, S, D) | causal | mode | impl | ms | TFLOP/s | vs naive | vs cuDNN "
-              "| vs FA3 | " + ("vs FA3 per cycle (quartiles) | " if cycles else "") + "extra MB | note |")
-    lines = [header, "|" + "---|" * (13 if cycles else 12)]
+              "| vs FA3 | " + ("vs FA3 per cycle (quartiles) | " if cycles else "") + "extra MB | " +
+              ("SM MHz | W | " if clocks else "") + "note |")
+    lines = [header, "|" + "---|" * (12 + cycles + 2 * clocks)]
     for r in results:
         c = r.case
         lines.append(
             f"| {c.dtype} | {c.shape} | {int(c.causal)} | {c.mode} | {r.impl} | {_fmt(r.ms, '.3f')} | "
             f"{_fmt(r.tflops, '.0f')} | {_fmt(r.speedup_vs_naive, '.2f')} | {_fmt(r.ratio_to_cudnn, '.2f')} | "
             f"{_fmt(r.ratio_to_fa3, '.2f')} | " + (f"{r.vs_fa3_cycles} | " if cycles else "") +
-            f"{_fmt(r.extra_mem_mb, '.0f')} | {r.note} |"
+            f"{_fmt(r.extra_mem_mb, '.0f')} | " +
+            (f"{_fmt(r.mhz, '.0f')} | {_fmt(r.watts, '.0f')} | " if clocks else "") + f"{r.note} |"
         )
     return "\n".join(lines)
 
@@ -861,16 +956,23 @@ def main(argv=None) -> int:
             count[0] += 1
             print(f"\r{count[0]}/{steps}", end="", file=sys.stderr, flush=True)
 
-    if args.interleave:
-        results, mismatches = benchmark_interleaved(cases, args.impl, args.interleave, progress=tick,
-                                                    warmup=args.warmup)
-    else:
-        results, mismatches = benchmark(cases, args.impl, progress=tick, rounds=args.rounds, warmup=args.warmup,
-                                        settle_ms=args.settle)
+    sampler = open_sampler()
+    try:
+        if args.interleave:
+            results, mismatches = benchmark_interleaved(cases, args.impl, args.interleave, progress=tick,
+                                                        warmup=args.warmup, sampler=sampler)
+        else:
+            results, mismatches = benchmark(cases, args.impl, progress=tick, rounds=args.rounds,
+                                            warmup=args.warmup, settle_ms=args.settle, sampler=sampler)
+    finally:
+        if sampler is not None:
+            sampler.close()
     print(file=sys.stderr)
     print(markdown_table(results))
     print("\nTFLOP/s = 4·B·H·Sq·Sk·D / time (forward), halved when causal, x2.5 for the backward; "
-          "'vs naive', 'vs cuDNN' and 'vs FA3' are time ratios (>1: this impl is faster).")
+          "'vs naive', 'vs cuDNN' and 'vs FA3' are time ratios (>1: this impl is faster)" +
+          ("; SM MHz and W: nvidia-smi's means over each result's timings (their warm-ups included)."
+           if sampler is not None else "; nvidia-smi not found: no clock and power columns."))
     stem = args.name or time.strftime("bench-%Y%m%d-%H%M%S")
     csv_path, json_path = write_results(results, args.out, stem, meta)
     print(f"results: {csv_path} {json_path}")

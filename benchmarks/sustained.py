@@ -25,9 +25,7 @@ import argparse
 import ctypes
 import itertools
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -55,37 +53,6 @@ def energy_counter():
         return value.value if lib.nvmlDeviceGetTotalEnergyConsumption(device, ctypes.byref(value)) == 0 else None
 
     return read if read() is not None else None
-
-
-class Sampler:
-    """nvidia-smi in the background: (time, SM MHz, W) samples as they arrive."""
-
-    def __init__(self, period_ms=50):
-        self.samples = []
-        self.proc = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-             f"-lms={period_ms}", f"--id={torch.cuda.current_device()}"],
-            stdout=subprocess.PIPE, text=True, bufsize=1)
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            try:
-                mhz, watts = (float(x) for x in line.split(","))
-            except ValueError:
-                continue
-            self.samples.append((time.monotonic(), mhz, watts))
-
-    def between(self, t0, t1):
-        inside = [(m, w) for t, m, w in self.samples if t0 <= t <= t1]
-        if not inside:
-            return float("nan"), float("nan"), 0
-        return statistics.mean(m for m, _ in inside), statistics.mean(w for _, w in inside), len(inside)
-
-    def close(self):
-        self.proc.terminate()
-        self.proc.wait()
 
 
 def flushed_window(call, seconds, flush):
@@ -153,7 +120,7 @@ def main(argv=None) -> int:
     p.add_argument("--flush", default="none",
                    help="comma-separated: none (back to back), write (do_bench's L2 flush before each call), read")
     args = p.parse_args(argv)
-    sampler = Sampler()
+    sampler = bench.Sampler()
     energy = energy_counter()
     print("| dtype | shape (B, H, S, D) | causal | mode | flush | impl | round | ms/call | SM MHz | W | Mcycles/call | mJ/call | samples |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -4,6 +4,7 @@ import csv
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -178,14 +179,80 @@ def test_interleaved_cycles_orders_and_ratios():
         bench.parse_args(["--interleave", "-1"])
 
 
+def test_clock_samples_go_to_the_timings_they_fall_in():
+    sampler = bench.Sampler.__new__(bench.Sampler)  # no nvidia-smi here: the samples are fed by hand
+    sampler.samples = []
+    for t, line in [(1.0, "1980, 300.5"), (2.0, "1700, 690"), (2.5, "1600, 700"), (3.0, "[N/A], [N/A]"),
+                    (4.0, "1500, 695")]:
+        sampler.add(line, t)
+    assert len(sampler.samples) == 4  # "[N/A]" is skipped
+    assert sampler.between(1.5, 2.6) == (1650.0, 695.0, 2)
+    assert sampler.within([(0.5, 1.5), (3.5, 4.5)]) == (1740.0, 497.75, 2)
+    mhz, watts, n = sampler.within([(5.0, 6.0)])
+    assert n == 0 and mhz != mhz and watts != watts  # nan: no sample inside
+    case = bench.Case(1, 2, 128, 64, causal=False, mode="bwd")
+    res, none = bench.Result(case, "fa", ms=1.0), bench.Result(case, "fa3", ms=1.1)
+    bench.set_clock(res, sampler, [(1.5, 2.6)])
+    bench.set_clock(none, sampler, [(5.0, 6.0)])  # no sample: left unset, not nan
+    bench.set_clock(none, None, [(1.5, 2.6)])
+    assert (res.mhz, res.watts) == (1650.0, 695.0) and none.mhz is None and none.watts is None
+    table = bench.markdown_table([res, none])
+    assert "| extra MB | SM MHz | W | note |" in table and "| 1650 | 695 |" in table
+    assert table.splitlines()[1].count("---") == 14
+    assert "SM MHz" not in bench.markdown_table([none])
+
+
+def test_sampler_reads_nvidia_smi_in_the_background(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"  # prints what `--query-gpu=clocks.sm,power.draw ... -lms=50` prints
+    fake.write_text('#!/bin/sh\necho "[N/A], [N/A]"\nwhile true; do echo "1755, 690.50"; sleep 0.05; done\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    sampler = bench.open_sampler()
+    try:
+        t0 = time.monotonic()
+        time.sleep(0.4)
+        t1 = time.monotonic()
+        time.sleep(0.1)
+        mhz, watts, n = sampler.between(t0, t1)
+    finally:
+        sampler.close()
+    assert (mhz, watts) == (1755.0, 690.5) and n >= 3
+    fake.write_text("#!/bin/sh\nexit 9\n")  # an nvidia-smi that sends nothing: no sampler, no columns
+    assert bench.open_sampler(wait_s=2) is None
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert bench.open_sampler() is None
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="interleaved timing needs a GPU")
 def test_interleaved_benchmark_times_every_impl():
     cases = [bench.Case(1, 2, 256, 64, causal, mode) for causal in (False, True) for mode in ("fwd", "bwd")]
-    results, mismatches = bench.benchmark_interleaved(cases, ["fa", "flash"], seconds=0.05, warmup=10)
+    sampler = bench.open_sampler()
+    try:
+        results, mismatches = bench.benchmark_interleaved(cases, ["fa", "flash"], seconds=0.3, warmup=10,
+                                                          sampler=sampler)
+    finally:
+        if sampler is not None:
+            sampler.close()
     assert not mismatches and len(results) == 8
     for r in results:
         assert r.ms > 0 and r.tflops > 0 and r.round_ms.split()[0].isdigit()
         assert int(r.round_ms.split()[0]) >= bench.INTERLEAVE_MIN_CYCLES
+        if sampler is not None:  # nvidia-smi sampled the 0.3 s of each case's cycles
+            assert 100 < r.mhz < 5000 and 10 < r.watts < 2000
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="rounds with clocks need a GPU (and nvidia-smi)")
+def test_rounds_carry_each_timings_clock():
+    sampler = bench.open_sampler()
+    if sampler is None:
+        pytest.skip("no nvidia-smi")
+    try:
+        results, mismatches = bench.benchmark([bench.Case(1, 2, 256, 64, False, "fwd")], ["fa", "flash"], rounds=2,
+                                              sampler=sampler)
+    finally:
+        sampler.close()
+    assert not mismatches and all(100 < r.mhz < 5000 and 10 < r.watts < 2000 for r in results)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="sustained runs need a GPU (and nvidia-smi)")
