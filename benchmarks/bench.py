@@ -837,6 +837,10 @@ def parse_args(argv=None):
                         "order each cycle, each call after do_bench's L2-emptying write, for SECONDS after "
                         f"--warmup ms (default {INTERLEAVE_WARMUP_MS}) of untimed cycles; the median of each one's "
                         "calls (--rounds and --settle are not used; --suite shapes only)")
+    p.add_argument("--clocks", action=argparse.BooleanOptionalAction, default=True,
+                   help="sample the SM clock and board power with nvidia-smi every 50 ms and give each result "
+                        "their means over its timings (--no-clocks: no sampling process beside the timings; "
+                        "--suite shapes only)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: a timestamp)")
     args = p.parse_args(argv)
@@ -956,7 +960,7 @@ def main(argv=None) -> int:
             count[0] += 1
             print(f"\r{count[0]}/{steps}", end="", file=sys.stderr, flush=True)
 
-    sampler = open_sampler()
+    sampler = open_sampler() if args.clocks else None
     try:
         if args.interleave:
             results, mismatches = benchmark_interleaved(cases, args.impl, args.interleave, progress=tick,
@@ -969,10 +973,13 @@ def main(argv=None) -> int:
             sampler.close()
     print(file=sys.stderr)
     print(markdown_table(results))
+    clocks = "."
+    if sampler is not None:
+        clocks = "; SM MHz and W: nvidia-smi's means over each result's timings (their warm-ups included)."
+    elif args.clocks:
+        clocks = "; nvidia-smi not found: no clock and power columns."
     print("\nTFLOP/s = 4·B·H·Sq·Sk·D / time (forward), halved when causal, x2.5 for the backward; "
-          "'vs naive', 'vs cuDNN' and 'vs FA3' are time ratios (>1: this impl is faster)" +
-          ("; SM MHz and W: nvidia-smi's means over each result's timings (their warm-ups included)."
-           if sampler is not None else "; nvidia-smi not found: no clock and power columns."))
+          "'vs naive', 'vs cuDNN' and 'vs FA3' are time ratios (>1: this impl is faster)" + clocks)
     stem = args.name or time.strftime("bench-%Y%m%d-%H%M%S")
     csv_path, json_path = write_results(results, args.out, stem, meta)
     print(f"results: {csv_path} {json_path}")

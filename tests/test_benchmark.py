@@ -200,6 +200,7 @@ def test_clock_samples_go_to_the_timings_they_fall_in():
     assert "| extra MB | SM MHz | W | note |" in table and "| 1650 | 695 |" in table
     assert table.splitlines()[1].count("---") == 14
     assert "SM MHz" not in bench.markdown_table([none])
+    assert bench.parse_args([]).clocks and not bench.parse_args(["--no-clocks"]).clocks
 
 
 def test_sampler_reads_nvidia_smi_in_the_background(tmp_path, monkeypatch):
