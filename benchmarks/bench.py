@@ -258,8 +258,12 @@ class Sampler:
             return
         self.samples.append((time.monotonic() if t is None else t, mhz, watts))
 
-    def within(self, windows: Sequence[Tuple[float, float]]) -> Tuple[float, float, int]:
-        """Mean MHz, mean W and the count of the samples inside any of the (t0, t1) windows."""
+    def within(self, windows: Sequence[Tuple[float, float]], wait_s: float = 0.25) -> Tuple[float, float, int]:
+        """Mean MHz, mean W and the count of the samples inside any of the (t0, t1) windows; first
+        waits (up to wait_s) for a sample from after the last window, the one still in the pipe."""
+        end, deadline = max(t1 for _, t1 in windows), time.monotonic() + wait_s
+        while (not self.samples or self.samples[-1][0] < end) and time.monotonic() < deadline:
+            time.sleep(0.005)
         inside = [(m, w) for t, m, w in list(self.samples) if any(t0 <= t <= t1 for t0, t1 in windows)]
         if not inside:
             return float("nan"), float("nan"), 0
@@ -516,8 +520,6 @@ def benchmark(cases: Sequence[Case], impls: Sequence[str], progress=None, rounds
                 if progress:
                     progress()
         case_results = [by_impl[impl] for impl in impls]
-        if sampler is not None:
-            time.sleep(0.06)  # the last timing's last sample is on its way through nvidia-smi's pipe
         for res in case_results:
             if times[res.impl]:
                 res.ms = statistics.median(times[res.impl])
@@ -656,8 +658,6 @@ def benchmark_interleaved(cases: Sequence[Case], impls: Sequence[str], seconds: 
             t0 = time.monotonic()
             times = run_cycles(calls, cycle_orders(calls, cycles, seed), clear)
             window = [(t0, time.monotonic())]
-            if sampler is not None:
-                time.sleep(0.06)  # the last sample is on its way through nvidia-smi's pipe
             vs_fa3 = per_cycle_ratios(times, "fa3")
             for impl, ts in times.items():
                 res = by_impl[impl]
