@@ -650,10 +650,16 @@ def benchmark_interleaved(cases: Sequence[Case], impls: Sequence[str], seconds: 
                 res.note = f"unavailable: {str(err).splitlines()[0][:80]}"
                 torch.cuda.empty_cache()
         if calls:
+            # A cycle's time, from one cycle and then from the warm-up's: the first cycle can take
+            # far longer than the rest (lazy set-up in a backend), and a count of cycles taken
+            # from it alone left a small case's timed cycles a few ms long instead of `seconds`.
             start = time.perf_counter()
             run_cycles(calls, cycle_orders(calls, 1, seed + 1), clear)
             cycle_ms = max(1e3 * (time.perf_counter() - start), 1e-3)
-            run_cycles(calls, cycle_orders(calls, math.ceil(warmup / cycle_ms), seed + 2), clear)
+            warm_cycles = math.ceil(warmup / cycle_ms)
+            start = time.perf_counter()
+            run_cycles(calls, cycle_orders(calls, warm_cycles, seed + 2), clear)
+            cycle_ms = max(1e3 * (time.perf_counter() - start) / warm_cycles, 1e-3)
             cycles = max(INTERLEAVE_MIN_CYCLES, math.ceil(1e3 * seconds / cycle_ms))
             t0 = time.monotonic()
             times = run_cycles(calls, cycle_orders(calls, cycles, seed), clear)

@@ -240,6 +240,7 @@ def test_interleaved_benchmark_times_every_impl():
         assert r.ms > 0 and r.tflops > 0 and r.round_ms.split()[0].isdigit()
         assert int(r.round_ms.split()[0]) >= bench.INTERLEAVE_MIN_CYCLES
         if sampler is not None:  # nvidia-smi sampled the 0.3 s of each case's cycles
+            assert r.mhz is not None and r.watts is not None, f"no clock sample over {r.round_ms}"
             assert 100 < r.mhz < 5000 and 10 < r.watts < 2000
 
 
