@@ -76,11 +76,16 @@ struct BackwardTileHandoff {
 // The steps of one CTA (key tile n_block of kv head head_kv): for each query head of the kv head's
 // group, the query tiles that see any of its keys. Producer and consumers walk the same list.
 //
-// Not causal, each key tile starts at query tile n_block (mod the count) and wraps around: the
-// CTAs that run at once (consecutive key tiles of one head) then read Q and dO and add their dQ
-// partials at different query tiles, not all at the same one at once. Measured 1-2.6% faster at
-// D = 128, up to 1.8% at 64, level at 256 (benchmarks/NOTES.md, session 24). Causal key tiles
-// start at their diagonals already.
+// Not causal, each key tile starts at its own query tile and wraps around: the CTAs that run at
+// once (consecutive key tiles of one head) then read Q and dO and add their dQ partials at
+// different query tiles, not all at the same one at once (measured 1-2.6% faster at D = 128, up
+// to 1.8% at 64, level at 256: benchmarks/NOTES.md, session 24). The start is n_block times a
+// stride of ~0.62 of the count (mod the count), not n_block itself: measured 2.3% faster at
+// (4, 64, 8192, 128), level on the other D = 128 rows (session 65). Likely why: the persistent
+// CTAs start their key tiles staggered in time, about one step apart where the count is about
+// the SMs' (128 query tiles, 132 SMs), and starts n_block steps apart undo that stagger, so a
+// head's CTAs meet at the same query tiles again; the stride's starts are spread whether the
+// CTAs run in lockstep or staggered. Causal key tiles start at their diagonals already.
 template <int kBlockM, int kBlockN, bool kCausal>
 struct BackwardSteps {
   int m_begin;  // first query tile that sees a key of the tile
@@ -97,7 +102,12 @@ struct BackwardSteps {
     const int group = p.heads_q / p.heads_kv;
     head0 = head_kv * group;
     count = m_tiles * group;
-    rotate = kCausal || m_tiles == 0 ? 0 : n_block % m_tiles;
+    if (kCausal || m_tiles == 0) {
+      rotate = 0;
+    } else {
+      const int64_t stride = (int64_t(m_tiles) * 79 / 128) | 1;
+      rotate = int(int64_t(n_block) * stride % m_tiles);
+    }
   }
   // A step: its index t, query head and query tile, walked one step at a time (first, advance)
   // by every role, without a division and remainder by m_tiles in the loop (~25 instructions, a
