@@ -887,8 +887,6 @@ def build_cases(args) -> List[Case]:
 
 
 def environment() -> dict:
-    import subprocess
-
     meta = {"torch": torch.__version__, "cuda": torch.version.cuda}
     # FA_COMMIT first: a copy of the tree (e.g. on a GPU machine) may carry a stale .git.
     meta["commit"] = os.environ.get("FA_COMMIT")
