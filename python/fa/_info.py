@@ -60,6 +60,7 @@ def build_info() -> Dict[str, Any]:
     kernels = [row.split("|") for row in _split(cfg.kernels)] if cfg else []
     info: Dict[str, Any] = {
         "version": __version__,
+        "commit": (getattr(cfg, "commit", "") or None) if cfg else None,
         "torch": torch.__version__,
         "cuda_kernels_built": bool(cfg and cfg.cuda_version),
         "cuda_version": (cfg.cuda_version or None) if cfg else None,
