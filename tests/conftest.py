@@ -1,3 +1,7 @@
+import fcntl
+import os
+import tempfile
+
 import pytest
 import torch
 
@@ -20,6 +24,9 @@ def _cuda_params(values_for_family):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "family(name): run with FA_KERNEL_FAMILY=name")
+    config.addinivalue_line(
+        "markers", "gpu_memory: takes tens of GiB of GPU memory (float64 references of large shapes); "
+                   "under pytest-xdist such tests run one at a time across the workers")
 
 
 def pytest_generate_tests(metafunc):
@@ -44,3 +51,23 @@ def _kernel_family(request, monkeypatch):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# One file lock for every worker of a pytest-xdist run on this machine (they share the temporary
+# folder, and PYTEST_XDIST_TESTRUNUID names the run): a `gpu_memory` test holds it while it runs, so
+# that two float64 references of large shapes never sit on one GPU side by side. Other tests run
+# beside it as usual. Without xdist there is nothing to wait for.
+@pytest.fixture(autouse=True)
+def _gpu_memory_alone(request):
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or os.environ.get("PYTEST_XDIST_WORKER") and "run"
+    if not run or request.node.get_closest_marker("gpu_memory") is None:
+        yield
+        return
+    path = os.path.join(tempfile.gettempdir(), f"fa-tests-gpu-memory-{run}.lock")
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            torch.cuda.empty_cache()  # hand the memory back before the next such test starts
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -7,7 +7,7 @@ import fa
 from helpers import (assert_within_lowp_error, cuda_kernels_available, naive_attention, naive_attention_grads,
                      poison_cuda_allocator, random_qkv)
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow,
+pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.gpu_memory,
               pytest.mark.skipif(not cuda_kernels_available(), reason="no CUDA GPU or no fa CUDA kernels")]
 
 FORWARD_SHAPES = [(1, 64, 1024, 128), (2, 64, 4096, 128), (4, 64, 8192, 128), (16, 16, 2048, 64),
