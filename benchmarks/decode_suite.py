@@ -1,7 +1,7 @@
 """The decoding suite of bench.py (``--suite decode``): attention of a few new queries against a
 key/value cache, which is bound by memory bandwidth.
 
-Rows (the issue's): (B 1, Hq 32, Hk 8, Sq 1, D 128, 131072 cached keys) contiguous; (B 32, Hq 32,
+Rows: (B 1, Hq 32, Hk 8, Sq 1, D 128, 131072 cached keys) contiguous; (B 32, Hq 32,
 Hk 8, Sq 1, D 128, 8192 keys) paged with page 16 and contiguous; (B 64, Hq 64, Hk 8, Sq 4, D 128,
 4096 keys) paged with page 256. Metric: the K and V bytes the call must read (B · Hk · keys · D ·
 2 tensors · element size) / time, beside the card's copy bandwidth measured in the same run (a
@@ -14,10 +14,12 @@ is checked against SDPA's (or FA3's on paged rows).
 """
 
 import dataclasses
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from timing import MISMATCH_TOLERANCE, noted_failure, relative_mismatch, sdpa_backend, time_ms
 
 DECODE_IMPLS = ["fa", "fa3", "cudnn", "flash", "efficient"]
 
@@ -51,8 +53,6 @@ DECODE_CASES = [
 
 def copy_bandwidth(gib: float = 1.0) -> float:
     """Bytes per second of a device-to-device copy of `gib` GiB (read + write)."""
-    from bench import time_ms
-
     src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src))
@@ -96,7 +96,6 @@ def make_decode_impl(name: str, case: DecodeCase) -> Callable:
         return run_fa3
     if case.page_size is not None:
         raise RuntimeError("SDPA has no paged KV cache")
-    from bench import sdpa_backend
     from torch.nn.attention import sdpa_kernel
 
     backend = sdpa_backend(name)
@@ -117,8 +116,6 @@ def make_decode_impl(name: str, case: DecodeCase) -> Callable:
 
 def run_decode_suite(dtypes: Sequence[str], impls: Optional[Sequence[str]] = None, cases=None):
     """Returns (rows, mismatches, copy bytes/s)."""
-    import bench
-
     impls = list(impls or DECODE_IMPLS)
     bandwidth = copy_bandwidth()
     rows, mismatches = [], []
@@ -130,18 +127,18 @@ def run_decode_suite(dtypes: Sequence[str], impls: Optional[Sequence[str]] = Non
             for impl in impls:
                 row = {"dtype": dtype_name, "case": case.label(), "impl": impl, "ms": None, "gbps": None,
                        "of_copy": None, "note": ""}
-                with bench.noted_failure(lambda note: row.update(note=note)):
+                with noted_failure(lambda note: row.update(note=note)):
                     fn = make_decode_impl(impl, case)
                     with torch.no_grad():
                         outputs[impl] = fn(*inputs)
-                        row["ms"] = bench.time_ms(lambda: fn(*inputs))
+                        row["ms"] = time_ms(lambda fn=fn, inputs=inputs: fn(*inputs))
                     row["gbps"] = case.kv_bytes(inputs[0].element_size()) / (row["ms"] * 1e-3) / 1e9
                     row["of_copy"] = row["gbps"] * 1e9 / bandwidth
                 rows.append(row)
             ref_name = next((r for r in ("cudnn", "flash", "efficient", "fa3") if r in outputs), None)
             if "fa" in outputs and ref_name is not None:
-                err = bench.relative_mismatch(outputs["fa"], outputs[ref_name])
-                if not err <= bench.MISMATCH_TOLERANCE["fwd"]:
+                err = relative_mismatch(outputs["fa"], outputs[ref_name])
+                if not err <= MISMATCH_TOLERANCE["fwd"]:
                     mismatches.append(f"decode {dtype_name} {case.label()}: fa differs from {ref_name} by {err:.2e}")
             del inputs, outputs
             torch.cuda.empty_cache()

@@ -1,4 +1,4 @@
-"""The variable-length suite of bench.py (``--suite varlen``): one packed batch of sequences of
+"""The variable-length suite of dense_suite.py (``--suite varlen``): one packed batch of sequences of
 different lengths, fa.attention_varlen beside what users run today.
 
 The batch: VARLEN_SEQUENCES sequences with lengths drawn from [VARLEN_MIN, VARLEN_MAX] by a
@@ -11,15 +11,18 @@ Implementations:
 - fa3-varlen: FlashAttention-3's flash_attn_varlen_func, when flash_attn_interface imports and
   has it (../shared/peers/fa3-serving on PYTHONPATH);
 - sdpa-nested: F.scaled_dot_product_attention on nested (jagged) tensors, what PyTorch users do;
-- fa-dense: fa.attention on the rectangular (4, 16, 4096, 128) in the same run, the reference
-  rate the issue's target is a ratio of (useful work of the same kind: causal or not, fwd or bwd).
+- fa-dense: fa.attention on the rectangular (4, 16, 4096, 128) in the same run, the rate the
+  varlen rows are compared with (useful work of the same kind: causal or not, fwd or bwd).
 Every varlen output is checked against sdpa-nested's (or, without it, fa3-varlen's).
 """
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+
+import dense_suite
+from timing import MISMATCH_TOLERANCE, attention_flops, noted_failure, relative_mismatch
 
 VARLEN_SEQUENCES = 64
 VARLEN_MIN, VARLEN_MAX = 512, 8192
@@ -35,8 +38,6 @@ def varlen_lengths(count=VARLEN_SEQUENCES, low=VARLEN_MIN, high=VARLEN_MAX, seed
 
 
 def useful_flops(lengths: Sequence[int], heads: int, head_dim: int, causal: bool, mode: str) -> float:
-    from bench import attention_flops
-
     return sum(attention_flops(1, heads, s, s, head_dim, causal, mode) for s in lengths)
 
 
@@ -81,8 +82,6 @@ def make_varlen_impl(name: str, cu: torch.Tensor, max_len: int) -> Callable:
 def run_varlen_suite(dtypes: Sequence[str], causal_values, modes, impls: Optional[Sequence[str]] = None,
                      lengths: Optional[List[int]] = None):
     """Returns (rows, mismatches): one row per (dtype, causal, mode, impl) with ms and TFLOP/s."""
-    import bench
-
     impls = list(impls or VARLEN_IMPLS)
     lengths = lengths or varlen_lengths()
     max_len = max(lengths)
@@ -98,23 +97,23 @@ def run_varlen_suite(dtypes: Sequence[str], causal_values, modes, impls: Optiona
                 for impl in impls:
                     row = {"dtype": dtype_name, "causal": causal, "mode": mode, "impl": impl,
                            "sequences": len(lengths), "tokens": sum(lengths), "ms": None, "tflops": None, "note": ""}
-                    with bench.noted_failure(lambda note: row.update(note=note)):
+                    with noted_failure(lambda note: row.update(note=note)):
                         if impl == "fa-dense":
-                            case = bench.Case(*DENSE_SHAPE, causal, mode, dtype_name)
-                            inputs = bench.make_inputs(case, requires_grad=needs_grad)
-                            row["ms"], _, _ = bench.run_case(case, impl, bench.make_impl("fa"), inputs)
-                            row["tflops"] = bench.tflops(case, row["ms"])
+                            case = dense_suite.Case(*DENSE_SHAPE, causal, mode, dtype_name)
+                            inputs = dense_suite.make_inputs(case, requires_grad=needs_grad)
+                            row["ms"], _, _ = dense_suite.run_case(case, impl, dense_suite.make_impl("fa"), inputs)
+                            row["tflops"] = dense_suite.tflops(case, row["ms"])
                             row["note"] = f"rectangular {DENSE_SHAPE}"
                         else:
                             fn = make_varlen_impl(impl, cu, max_len)
-                            row["ms"], _, outputs[impl] = bench.run_case(bench.Case(1, 1, 1, 1, causal, mode, dtype_name),
+                            row["ms"], _, outputs[impl] = dense_suite.run_case(dense_suite.Case(1, 1, 1, 1, causal, mode, dtype_name),
                                                                          impl, fn, (q, k, v))
                             row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
                     case_rows.append(row)
                 ref_name = next((r for r in ("sdpa-nested", "fa3-varlen") if r in outputs), None)
                 if "fa-varlen" in outputs and ref_name is not None:
-                    err = bench.relative_mismatch(outputs["fa-varlen"], outputs[ref_name])
-                    if not err <= bench.MISMATCH_TOLERANCE[mode]:
+                    err = relative_mismatch(outputs["fa-varlen"], outputs[ref_name])
+                    if not err <= MISMATCH_TOLERANCE[mode]:
                         mismatches.append(f"varlen {dtype_name} causal={causal} {mode}: fa-varlen differs from "
                                           f"{ref_name} by {err:.2e}")
                 dense = next((r for r in case_rows if r["impl"] == "fa-dense" and r["tflops"]), None)

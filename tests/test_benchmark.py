@@ -10,42 +10,46 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools"))
 import bench  # noqa: E402
-import profile_ncu as fa_profile  # noqa: E402
 import decode_suite  # noqa: E402
+import dense_suite  # noqa: E402
 import host_time  # noqa: E402
+import profile_ncu as fa_profile  # noqa: E402
 import sustained  # noqa: E402
+import timing  # noqa: E402
 import varlen_suite  # noqa: E402
 
 
 def test_flop_formula():
     # 4·B·H·Sq·Sk·D forward, halved when causal, x2.5 for the backward.
-    assert bench.attention_flops(4, 64, 8192, 8192, 128, False) == 4 * 4 * 64 * 8192 * 8192 * 128
-    assert bench.attention_flops(4, 64, 8192, 8192, 128, True) == 2 * 4 * 64 * 8192 * 8192 * 128
-    assert bench.attention_flops(1, 1, 10, 20, 8, False, "bwd") == 2.5 * 4 * 10 * 20 * 8
+    assert timing.attention_flops(4, 64, 8192, 8192, 128, False) == 4 * 4 * 64 * 8192 * 8192 * 128
+    assert timing.attention_flops(4, 64, 8192, 8192, 128, True) == 2 * 4 * 64 * 8192 * 8192 * 128
+    assert timing.attention_flops(1, 1, 10, 20, 8, False, "bwd") == 2.5 * 4 * 10 * 20 * 8
 
 
 def test_tflops_matches_reference_numbers():
     # The README's reference: FA2 at (4, 64, 8192, 128) fp16 forward, 25.6 ms -> 344 TFLOP/s.
-    case = bench.Case(4, 64, 8192, 128, causal=False, mode="fwd")
-    assert bench.tflops(case, 25.6) == pytest.approx(343.6, abs=0.1)
-    assert bench.tflops(bench.Case(4, 64, 8192, 128, False, "bwd"), 72.0) == pytest.approx(305.4, abs=0.1)
+    case = dense_suite.Case(4, 64, 8192, 128, causal=False, mode="fwd")
+    assert dense_suite.tflops(case, 25.6) == pytest.approx(343.6, abs=0.1)
+    assert dense_suite.tflops(dense_suite.Case(4, 64, 8192, 128, False, "bwd"), 72.0) == pytest.approx(305.4, abs=0.1)
 
 
 def test_ratios_and_table(tmp_path):
-    case = bench.Case(1, 2, 128, 64, causal=True, mode="fwd")
-    results = [bench.Result(case, "fa", ms=1.0), bench.Result(case, "cudnn", ms=0.5), bench.Result(case, "naive", ms=4.0),
-               bench.Result(case, "math", note="skipped: S x S needs ~9 GiB"), bench.Result(case, "fa3", ms=2.0)]
-    bench.fill_ratios(results)
+    case = dense_suite.Case(1, 2, 128, 64, causal=True, mode="fwd")
+    results = [dense_suite.Result(case, "fa", ms=1.0), dense_suite.Result(case, "cudnn", ms=0.5), dense_suite.Result(case, "naive", ms=4.0),
+               dense_suite.Result(case, "math", note="skipped: S x S needs ~9 GiB"), dense_suite.Result(case, "fa3", ms=2.0)]
+    dense_suite.fill_ratios(results)
     fa, cudnn, naive, math_, fa3 = results
     assert fa.speedup_vs_naive == 4.0 and fa.ratio_to_cudnn == 0.5 and fa.ratio_to_fa3 == 2.0
     assert cudnn.ratio_to_cudnn == 1.0 and naive.speedup_vs_naive == 1.0 and math_.ratio_to_cudnn is None
-    table = bench.markdown_table(results)
+    table = dense_suite.markdown_table(results)
     assert table.splitlines()[0].startswith("| dtype | shape (B, H, S, D) | causal | mode | impl | ms | TFLOP/s")
     assert "| float16 | (1, 2, 128, 64) | 1 | fwd | fa | 1.000 |" in table and "skipped: S x S" in table
 
-    csv_path, json_path = bench.write_results(results, tmp_path, "t", {"gpu": "test"})
+    csv_path, json_path = dense_suite.write_results(results, tmp_path, "t", {"gpu": "test"})
     rows = list(csv.DictReader(csv_path.open()))
     assert [r["impl"] for r in rows] == ["fa", "cudnn", "naive", "math", "fa3"]
     assert float(rows[0]["ms"]) == 1.0 and rows[0]["seqlen"] == "128" and rows[0]["causal"] == "True"
@@ -55,120 +59,127 @@ def test_ratios_and_table(tmp_path):
 
 def test_round_orders_vary_places_and_predecessors():
     impls = ["fa-sm90", "fa-sm80", "fa3", "cudnn", "flash"]
-    assert bench.round_orders(impls, 1) == [impls]
-    orders = bench.round_orders(impls, 3)
+    assert dense_suite.round_orders(impls, 1) == [impls]
+    orders = dense_suite.round_orders(impls, 3)
     assert orders[0] == impls and all(sorted(o) == sorted(impls) for o in orders)
     for impl in impls:  # a different place, and a different predecessor, in each round
         assert len({o.index(impl) for o in orders}) == 3
         assert len({o[o.index(impl) - 1] if o.index(impl) else None for o in orders}) == 3
-    assert bench.round_orders(["fa", "fa3"], 4) == [["fa", "fa3"], ["fa3", "fa"]] * 2
-    assert bench.round_orders([], 2) == [[], []]
-    assert len(bench.round_orders(bench.DEFAULT_IMPLS, 3)) == 3
+    assert dense_suite.round_orders(["fa", "fa3"], 4) == [["fa", "fa3"], ["fa3", "fa"]] * 2
+    assert dense_suite.round_orders([], 2) == [[], []]
+    assert len(dense_suite.round_orders(dense_suite.DEFAULT_IMPLS, 3)) == 3
 
 
 def test_predecessors_follow_the_rounds_as_run():
     orders = [["a", "b", "c"], ["c", "a", "b"]]
     # A round's first follows the previous round's last; the first round's first, the last round's
     # last (the previous case's).
-    assert bench.predecessors(orders) == [{"a": "b", "b": "a", "c": "b"}, {"c": "c", "a": "c", "b": "a"}]
+    assert dense_suite.predecessors(orders) == [{"a": "b", "b": "a", "c": "b"}, {"c": "c", "a": "c", "b": "a"}]
     # The 3-round order of the README's five: fa Hopper follows one mma.sync implementation, FA3 two.
     five = ["fa-sm90", "fa-sm80", "fa3", "cudnn", "flash"]
-    before = bench.predecessors(bench.round_orders(five, 3))
+    before = dense_suite.predecessors(dense_suite.round_orders(five, 3))
     light = {"fa-sm80", "flash"}
     assert [row["fa-sm90"] in light for row in before].count(True) == 1
     assert [row["fa3"] in light for row in before].count(True) == 2
 
 
 def test_settle_argument():
-    assert bench.parse_args([]).settle == bench.DEFAULT_SETTLE_MS > 0
+    assert bench.parse_args([]).settle == timing.DEFAULT_SETTLE_MS > 0
     assert bench.parse_args(["--settle", "300"]).settle == 300 and bench.parse_args(["--settle", "0"]).settle == 0
     with pytest.raises(SystemExit):
         bench.parse_args(["--settle", "-1"])
-    bench.settle(0)  # nothing to run: no GPU needed
-
-
-def test_carryover_compares_like_predecessors(tmp_path, capsys):
-    import carryover
-
-    impls = ["x", "light", "y"]
-    orders = bench.round_orders(impls, 3)
-    before = bench.predecessors(orders)
-    # Each timing 1.0 ms, +10% after a heavy predecessor: x and y are equally fast.
-    def times(impl):
-        return " ".join(f"{1.0 if before[r][impl] == 'light' else 1.1:.4f}" for r in range(3))
-    rows = [dict(dtype="float16", batch=1, heads=2, seqlen=3, head_dim=64, causal=False, mode="bwd", impl=i,
-                 round_ms=times(i)) for i in impls]
-    data = {"meta": {"rounds": 3, "impls": impls}, "results": rows}
-    ((key, medians, after_light, after_heavy),) = carryover.compare(data, "x", "y", {"light"})
-    assert key == ("float16", 1, 2, 3, 64, False, "bwd")
-    # x follows "light" in one round of three, y in two: the medians (1.1 and 1.0 ms) carry the
-    # order; the ratios of like-for-like rounds do not.
-    assert [sum(row[i] == "light" for row in before) for i in ("x", "y")] == [1, 2]
-    assert medians == pytest.approx(1.0 / 1.1)
-    assert after_light == pytest.approx(1.0) and after_heavy == pytest.approx(1.0)
-    path = tmp_path / "b.json"
-    path.write_text(json.dumps(data))
-    assert carryover.main([str(path), "--impl", "x", "--peer", "y", "--light", "light"]) == 0
-    printed = capsys.readouterr().out
-    assert "| float16 | (1, 2, 3, 64) | 0 | bwd |" in printed and "settled" not in printed
-    data["meta"]["settle_ms"] = 250  # a run with bench.py's --settle says so above its rounds
-    path.write_text(json.dumps(data))
-    assert carryover.main([str(path), "--impl", "x", "--peer", "y", "--light", "light"]) == 0
-    assert "settled every timing (250 ms" in capsys.readouterr().out
+    timing.settle(0)  # nothing to run: no GPU needed
 
 
 def test_memory_estimate_skips_only_materialising_impls():
-    case = bench.Case(4, 64, 8192, 128, False, "fwd")
-    assert bench.materialises_scores("naive") and bench.materialises_scores("math")
-    assert not bench.materialises_scores("fa") and not bench.materialises_scores("flash")
-    assert bench.scores_bytes(case) == 4 * 64 * 8192 * 8192 * 4 * 3
+    case = dense_suite.Case(4, 64, 8192, 128, False, "fwd")
+    assert dense_suite.materialises_scores("naive") and dense_suite.materialises_scores("math")
+    assert not dense_suite.materialises_scores("fa") and not dense_suite.materialises_scores("flash")
+    assert dense_suite.scores_bytes(case) == 4 * 64 * 8192 * 8192 * 4 * 3
 
 
 def test_arguments():
     args = bench.parse_args(["--shapes", "1,2,3,4;(5,6,7,8)", "--causal", "1", "--mode", "bwd", "--impl", "fa,cudnn",
                              "--dtype", "float16"])
     assert args.shapes == [(1, 2, 3, 4), (5, 6, 7, 8)] and args.causal_values == [True] and args.modes == ["bwd"]
-    assert [c.shape for c in bench.build_cases(args)] == [(1, 2, 3, 4), (5, 6, 7, 8)]
-    assert bench.parse_shapes("1,2,3,4/5,6,7,8") == args.shapes  # device_run.sh splits its runs at ';'
-    default_args = bench.parse_args([])
-    default = bench.build_cases(default_args)
-    assert len(default) == len(bench.DEFAULT_SHAPES) * 2 * 2 * 2 and default[0] == bench.Case(1, 64, 1024, 128, False, "fwd")
+    assert [c.shape for c in dense_suite.build_cases(args)] == [(1, 2, 3, 4), (5, 6, 7, 8)]
+    assert args.suite == "full"  # --shapes and --sweep time dense shapes with the full suite's machinery
+    assert dense_suite.parse_shapes("1,2,3,4/5,6,7,8") == args.shapes  # for scripts that split at ';'
+    default_args = bench.parse_args(["--suite", "full"])  # the full suite: every dense shape of the README
+    default = dense_suite.build_cases(default_args)
+    assert len(default) == len(dense_suite.DEFAULT_SHAPES) * 2 * 2 * 2 and default[0] == dense_suite.Case(1, 64, 1024, 128, False, "fwd")
     assert {c.dtype for c in default} == {"float16", "bfloat16"}
     assert {"fa-sm90", "fa-sm80", "fa3", "flash", "cudnn"} <= set(default_args.impl)
-    sweep = bench.build_cases(bench.parse_args(["--sweep", "--causal", "0", "--mode", "fwd"]))
-    assert {c.head_dim for c in sweep} == {64, 128, 256} and {c.seqlen for c in sweep} == set(bench.SWEEP_SEQLENS)
-    assert all(c.batch * c.seqlen == max(bench.SWEEP_TOKENS, c.seqlen) and c.heads * c.head_dim == bench.SWEEP_WIDTH
+    sweep = dense_suite.build_cases(bench.parse_args(["--sweep", "--causal", "0", "--mode", "fwd"]))
+    assert {c.head_dim for c in sweep} == {64, 128, 256} and {c.seqlen for c in sweep} == set(dense_suite.SWEEP_SEQLENS)
+    assert all(c.batch * c.seqlen == max(dense_suite.SWEEP_TOKENS, c.seqlen) and c.heads * c.head_dim == dense_suite.SWEEP_WIDTH
                for c in sweep)
-    assert default_args.rounds == bench.DEFAULT_ROUNDS and bench.parse_args(["--rounds", "1"]).rounds == 1
+    assert default_args.rounds == dense_suite.DEFAULT_ROUNDS and bench.parse_args(["--rounds", "1"]).rounds == 1
     with pytest.raises(SystemExit):
         bench.parse_args(["--impl", "fa,bogus"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--rounds", "0"])
     assert default_args.warmup is None and bench.parse_args(["--warmup", "500"]).warmup == 500
-    assert bench.timing_ms(1) == (bench.WARMUP_MS, bench.REP_MS)
-    assert bench.timing_ms(3) == (bench.ROUND_WARMUP_MS, bench.ROUND_REP_MS) and bench.timing_ms(3, 0) == (0, bench.ROUND_REP_MS)
+    assert dense_suite.timing_ms(1) == (timing.WARMUP_MS, timing.REP_MS)
+    assert dense_suite.timing_ms(3) == (dense_suite.ROUND_WARMUP_MS, dense_suite.ROUND_REP_MS) and dense_suite.timing_ms(3, 0) == (0, dense_suite.ROUND_REP_MS)
     with pytest.raises(SystemExit):
         bench.parse_args(["--warmup", "-1"])
 
 
+def test_quick_suite_is_the_default():
+    args = bench.parse_args([])
+    assert args.suite == "quick" and args.impl == dense_suite.QUICK_IMPLS
+    cases = dense_suite.quick_cases()
+    # The three shapes of the FlashAttention papers, bf16, forward and backward; the longest also causal.
+    assert {c.shape for c in cases} == set(dense_suite.QUICK_SHAPES) == {
+        (1, 64, 1024, 128), (2, 64, 4096, 128), (4, 64, 8192, 128)}
+    assert len(cases) == 8 and {c.mode for c in cases} == {"fwd", "bwd"} and {c.dtype for c in cases} == {"bfloat16"}
+    assert [c.shape for c in cases if c.causal] == [(4, 64, 8192, 128)] * 2
+    assert bench.QUICK_DECODE_CASE in decode_suite.DECODE_CASES
+    for suite in bench.SUITES:
+        assert bench.parse_args(["--suite", suite]).suite == suite
+
+
+def test_wide_table_compares_fa_with_the_fastest_peer():
+    case = dense_suite.Case(2, 64, 4096, 128, causal=False, mode="bwd", dtype="bfloat16")
+    results = [dense_suite.Result(case, "fa", ms=1.0, tflops=600.0), dense_suite.Result(case, "fa3", ms=1.1, tflops=545.0),
+               dense_suite.Result(case, "cudnn", ms=1.25, tflops=480.0),
+               dense_suite.Result(case, "naive", note="skipped: S x S needs ~400 GiB")]
+    table = dense_suite.wide_table(results).splitlines()
+    assert table[0] == ("| pass | dtype | shape (B, H, S, D) | causal | fa ms | fa TFLOP/s | FA3 TFLOP/s | "
+                        "cuDNN TFLOP/s | fa vs fastest peer |")  # naive ran nowhere: no column
+    assert table[2] == "| bwd | bfloat16 | (2, 64, 4096, 128) | 0 | 1.000 | 600 | 545 | 480 | 1.10x FA3 |"
+
+
+def test_header_names_the_build_not_the_working_directory():
+    meta = timing.environment()
+    import fa
+
+    assert meta["fa"] == fa.__version__ and meta["fa_commit"] == (fa.build_info()["commit"] or "unknown")
+    line = timing.header({**meta, "gpu": "NVIDIA H200", "fa_commit": "abc1234",
+                          "fa_kernel_family": "sm90: Hopper family (wgmma, TMA, warp specialisation)"})
+    assert line.startswith("# NVIDIA H200, torch ") and f"fa {fa.__version__} (build abc1234)" in line
+    assert line.endswith("default family sm90")
+
+
 def test_interleaved_cycles_orders_and_ratios():
     impls = ["fa-sm90", "fa-sm80", "fa3", "cudnn", "flash"]
-    orders = bench.cycle_orders(impls, 40)
-    assert orders == bench.cycle_orders(impls, 40) and orders != bench.cycle_orders(impls, 40, seed=1)
+    orders = dense_suite.cycle_orders(impls, 40)
+    assert orders == dense_suite.cycle_orders(impls, 40) and orders != dense_suite.cycle_orders(impls, 40, seed=1)
     assert all(sorted(o) == sorted(impls) for o in orders)
     for impl in impls:  # over many cycles every implementation runs at every place
         assert {o.index(impl) for o in orders} == set(range(len(impls)))
-    assert bench.quartiles([3.0]) == (3.0, 3.0, 3.0) and bench.quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
+    assert timing.quartiles([3.0]) == (3.0, 3.0, 3.0) and timing.quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
     times = {"fa": [1.0, 2.0, 1.0], "fa3": [1.1, 1.8, 1.2], "flash": [2.0, 4.0, 2.0]}
-    ratios = bench.per_cycle_ratios(times, "fa3")  # FA3's time over each one's, cycle by cycle
+    ratios = dense_suite.per_cycle_ratios(times, "fa3")  # FA3's time over each one's, cycle by cycle
     assert ratios["fa3"] == "1.000 (1.000-1.000)" and ratios["fa"] == "1.100 (1.000-1.150)"
-    assert ratios["flash"] == "0.550 (0.500-0.575)" and bench.per_cycle_ratios(times, "cudnn") == {}
-    case = bench.Case(1, 2, 128, 64, causal=False, mode="bwd")
-    table = bench.markdown_table([bench.Result(case, "fa", ms=1.0, vs_fa3_cycles=ratios["fa"])])
+    assert ratios["flash"] == "0.550 (0.500-0.575)" and dense_suite.per_cycle_ratios(times, "cudnn") == {}
+    case = dense_suite.Case(1, 2, 128, 64, causal=False, mode="bwd")
+    table = dense_suite.markdown_table([dense_suite.Result(case, "fa", ms=1.0, vs_fa3_cycles=ratios["fa"])])
     assert "| vs FA3 | vs FA3 per cycle (quartiles) | extra MB |" in table and "| 1.100 (1.000-1.150) |" in table
-    assert "per cycle" not in bench.markdown_table([bench.Result(case, "fa", ms=1.0)])
-    assert bench.split_impl("fa-sm90") == ("fa-sm90", {})
-    assert bench.split_impl("fa-sm90:FA_A=1:FA_B=x") == ("fa-sm90", {"FA_A": "1", "FA_B": "x"})
+    assert "per cycle" not in dense_suite.markdown_table([dense_suite.Result(case, "fa", ms=1.0)])
+    assert timing.split_impl("fa-sm90") == ("fa-sm90", {})
+    assert timing.split_impl("fa-sm90:FA_A=1:FA_B=x") == ("fa-sm90", {"FA_A": "1", "FA_B": "x"})
     assert bench.parse_args(["--impl", "fa-sm90,fa-sm90:FA_A=1,fa3"]).impl == ["fa-sm90", "fa-sm90:FA_A=1", "fa3"]
     for bad in ("fa-sm90:FA_A", "bogus:FA_A=1"):
         with pytest.raises(SystemExit):
@@ -180,7 +191,7 @@ def test_interleaved_cycles_orders_and_ratios():
 
 
 def test_clock_samples_go_to_the_timings_they_fall_in():
-    sampler = bench.Sampler.__new__(bench.Sampler)  # no nvidia-smi here: the samples are fed by hand
+    sampler = timing.Sampler.__new__(timing.Sampler)  # no nvidia-smi here: the samples are fed by hand
     sampler.samples = []
     for t, line in [(1.0, "1980, 300.5"), (2.0, "1700, 690"), (2.5, "1600, 700"), (3.0, "[N/A], [N/A]"),
                     (4.0, "1500, 695")]:
@@ -190,16 +201,16 @@ def test_clock_samples_go_to_the_timings_they_fall_in():
     assert sampler.within([(0.5, 1.5), (3.5, 4.5)]) == (1740.0, 497.75, 2)
     mhz, watts, n = sampler.within([(5.0, 6.0)])
     assert n == 0 and mhz != mhz and watts != watts  # nan: no sample inside
-    case = bench.Case(1, 2, 128, 64, causal=False, mode="bwd")
-    res, none = bench.Result(case, "fa", ms=1.0), bench.Result(case, "fa3", ms=1.1)
-    bench.set_clock(res, sampler, [(1.5, 2.6)])
-    bench.set_clock(none, sampler, [(5.0, 6.0)])  # no sample: left unset, not nan
-    bench.set_clock(none, None, [(1.5, 2.6)])
+    case = dense_suite.Case(1, 2, 128, 64, causal=False, mode="bwd")
+    res, none = dense_suite.Result(case, "fa", ms=1.0), dense_suite.Result(case, "fa3", ms=1.1)
+    timing.set_clock(res, sampler, [(1.5, 2.6)])
+    timing.set_clock(none, sampler, [(5.0, 6.0)])  # no sample: left unset, not nan
+    timing.set_clock(none, None, [(1.5, 2.6)])
     assert (res.mhz, res.watts) == (1650.0, 695.0) and none.mhz is None and none.watts is None
-    table = bench.markdown_table([res, none])
+    table = dense_suite.markdown_table([res, none])
     assert "| extra MB | SM MHz | W | note |" in table and "| 1650 | 695 |" in table
     assert table.splitlines()[1].count("---") == 14
-    assert "SM MHz" not in bench.markdown_table([none])
+    assert "SM MHz" not in dense_suite.markdown_table([none])
     assert bench.parse_args([]).clocks and not bench.parse_args(["--no-clocks"]).clocks
 
 
@@ -209,7 +220,7 @@ def test_sampler_reads_nvidia_smi_in_the_background(tmp_path, monkeypatch):
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    sampler = bench.open_sampler()
+    sampler = timing.open_sampler()
     try:
         t0 = time.monotonic()
         time.sleep(0.4)
@@ -220,17 +231,17 @@ def test_sampler_reads_nvidia_smi_in_the_background(tmp_path, monkeypatch):
         sampler.close()
     assert (mhz, watts) == (1755.0, 690.5) and n >= 3
     fake.write_text("#!/bin/sh\nexit 9\n")  # an nvidia-smi that sends nothing: no sampler, no columns
-    assert bench.open_sampler(wait_s=2) is None
+    assert timing.open_sampler(wait_s=2) is None
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert bench.open_sampler() is None
+    assert timing.open_sampler() is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="interleaved timing needs a GPU")
 def test_interleaved_benchmark_times_every_impl():
-    cases = [bench.Case(1, 2, 256, 64, causal, mode) for causal in (False, True) for mode in ("fwd", "bwd")]
-    sampler = bench.open_sampler()
+    cases = [dense_suite.Case(1, 2, 256, 64, causal, mode) for causal in (False, True) for mode in ("fwd", "bwd")]
+    sampler = timing.open_sampler()
     try:
-        results, mismatches = bench.benchmark_interleaved(cases, ["fa", "flash"], seconds=0.3, warmup=10,
+        results, mismatches = dense_suite.benchmark_interleaved(cases, ["fa", "flash"], seconds=0.3, warmup=10,
                                                           sampler=sampler)
     finally:
         if sampler is not None:
@@ -238,7 +249,7 @@ def test_interleaved_benchmark_times_every_impl():
     assert not mismatches and len(results) == 8
     for r in results:
         assert r.ms > 0 and r.tflops > 0 and r.round_ms.split()[0].isdigit()
-        assert int(r.round_ms.split()[0]) >= bench.INTERLEAVE_MIN_CYCLES
+        assert int(r.round_ms.split()[0]) >= dense_suite.INTERLEAVE_MIN_CYCLES
         if sampler is not None:  # nvidia-smi sampled the 0.3 s of each case's cycles
             assert r.mhz is not None and r.watts is not None, f"no clock sample over {r.round_ms}"
             assert 100 < r.mhz < 5000 and 10 < r.watts < 2000
@@ -246,11 +257,11 @@ def test_interleaved_benchmark_times_every_impl():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="rounds with clocks need a GPU (and nvidia-smi)")
 def test_rounds_carry_each_timings_clock():
-    sampler = bench.open_sampler()
+    sampler = timing.open_sampler()
     if sampler is None:
         pytest.skip("no nvidia-smi")
     try:
-        results, mismatches = bench.benchmark([bench.Case(1, 2, 256, 64, False, "fwd")], ["fa", "flash"], rounds=2,
+        results, mismatches = dense_suite.benchmark([dense_suite.Case(1, 2, 256, 64, False, "fwd")], ["fa", "flash"], rounds=2,
                                               sampler=sampler)
     finally:
         sampler.close()
@@ -284,15 +295,15 @@ def test_varlen_suite_batch_and_flops():
 
 def test_suites_note_what_cannot_run(tmp_path):
     notes = []
-    with bench.noted_failure(notes.append):
+    with timing.noted_failure(notes.append):
         raise ImportError("no module named flash_attn_interface")
-    with bench.noted_failure(notes.append):
+    with timing.noted_failure(notes.append):
         raise RuntimeError("no kernel for this\nsecond line")
     assert notes == ["not importable: no module named flash_attn_interface", "unavailable: no kernel for this"]
     args = bench.parse_args(["--suite", "varlen", "--out", str(tmp_path), "--name", "run"])
-    assert bench.finish_run(args, "default", {"results": []}, []) == 0
+    assert timing.finish_run(args, "default", {"results": []}, []) == 0
     assert json.loads((tmp_path / "run.json").read_text()) == {"results": []}
-    assert bench.finish_run(args, "default", {}, ["fa differs"]) == 1
+    assert timing.finish_run(args, "default", {}, ["fa differs"]) == 1
 
 
 def test_decode_suite_rows_and_bytes():
@@ -306,18 +317,18 @@ def test_decode_suite_rows_and_bytes():
 
 
 def test_mismatch_check_catches_a_wrong_kernel():
-    case = bench.Case(1, 1, 8, 8, False, "fwd")
+    case = dense_suite.Case(1, 1, 8, 8, False, "fwd")
     good = torch.randn(64)
     mismatches = []
-    bench.check_fa(case, {"fa": good + 1e-4, "flash": good}, mismatches)
+    dense_suite.check_fa(case, {"fa": good + 1e-4, "flash": good}, mismatches)
     assert mismatches == []
-    bench.check_fa(case, {"fa": good + 1.0, "flash": good}, mismatches)
+    dense_suite.check_fa(case, {"fa": good + 1.0, "flash": good}, mismatches)
     assert len(mismatches) == 1 and "fa differs from SDPA flash" in mismatches[0]
-    bench.check_fa(case, {"fa-sm80": good, "fa-sm90": good + 1.0, "cudnn": good}, mismatches)
+    dense_suite.check_fa(case, {"fa-sm80": good, "fa-sm90": good + 1.0, "cudnn": good}, mismatches)
     assert len(mismatches) == 2 and "fa-sm90 differs from SDPA cudnn" in mismatches[1]
-    bench.check_fa(case, {"fa-sm90": good + 1.0, "fa3": good}, mismatches)  # FA3 where no SDPA ran
+    dense_suite.check_fa(case, {"fa-sm90": good + 1.0, "fa3": good}, mismatches)  # FA3 where no SDPA ran
     assert len(mismatches) == 3 and "fa-sm90 differs from FA3" in mismatches[2]
-    bench.check_fa(case, {"fa-sm90": good}, mismatches)
+    dense_suite.check_fa(case, {"fa-sm90": good}, mismatches)
     assert len(mismatches) == 4 and "no SDPA or FA3 result" in mismatches[3]
 
 
@@ -347,17 +358,17 @@ def test_host_time_splits_each_iteration_of_a_trace():
 
 def test_kernel_family_impls_set_the_environment(monkeypatch):
     monkeypatch.delenv("FA_KERNEL_FAMILY", raising=False)
-    with bench.kernel_family("fa-sm90"):
+    with timing.kernel_family("fa-sm90"):
         assert os.environ["FA_KERNEL_FAMILY"] == "sm90"
     assert "FA_KERNEL_FAMILY" not in os.environ
     monkeypatch.setenv("FA_KERNEL_FAMILY", "sm80")
-    with bench.kernel_family("fa-sm90"):
+    with timing.kernel_family("fa-sm90"):
         assert os.environ["FA_KERNEL_FAMILY"] == "sm90"
     assert os.environ["FA_KERNEL_FAMILY"] == "sm80"
-    with bench.kernel_family("cudnn"):
+    with timing.kernel_family("cudnn"):
         assert os.environ["FA_KERNEL_FAMILY"] == "sm80"
     monkeypatch.delenv("FA_TEST_SETTING", raising=False)
-    with bench.kernel_family("fa-sm90:FA_TEST_SETTING=7"):  # an impl's own settings, then restored
+    with timing.kernel_family("fa-sm90:FA_TEST_SETTING=7"):  # an impl's own settings, then restored
         assert os.environ["FA_KERNEL_FAMILY"] == "sm90" and os.environ["FA_TEST_SETTING"] == "7"
     assert os.environ["FA_KERNEL_FAMILY"] == "sm80" and "FA_TEST_SETTING" not in os.environ
 
@@ -457,8 +468,8 @@ def test_sweep_plot(tmp_path):
     pytest.importorskip("matplotlib")
     results = []
     for impl, base in (("fa", 300.0), ("cudnn", 500.0)):
-        for s in bench.SWEEP_SEQLENS[:3]:
-            case = bench.Case(bench.SWEEP_TOKENS // s, 16, s, 128, False, "fwd")
-            results.append(bench.Result(case, impl, ms=1.0, tflops=base + s / 100))
-    path = bench.plot_sweep(results, tmp_path / "sweep.png")
+        for s in dense_suite.SWEEP_SEQLENS[:3]:
+            case = dense_suite.Case(dense_suite.SWEEP_TOKENS // s, 16, s, 128, False, "fwd")
+            results.append(dense_suite.Result(case, impl, ms=1.0, tflops=base + s / 100))
+    path = dense_suite.plot_sweep(results, tmp_path / "sweep.png")
     assert path.exists() and path.stat().st_size > 1000

@@ -1,10 +1,10 @@
 // Times alternative tile configurations of the Ampere-family kernels on one shape, so that the
 // tile tables in cpp/sm80/fwd_launch.h and bwd_launch.h are chosen from measurements
-// (benchmarks/NOTES.md keeps the results). A development tool, not part of the package.
+// (docs/tried.md keeps what was chosen and why). A maintainer tool, not part of the package.
 //
 //   nvcc -std=c++17 -O3 --use_fast_math --expt-relaxed-constexpr -DNDEBUG --split-compile=0 \
 //     -gencode=arch=compute_90a,code=sm_90a -Icpp -Icpp/include -I<cutlass>/include \
-//     benchmarks/tile_sweep.cu -o tile_sweep
+//     tools/tile_sweep.cu -o tile_sweep
 //   ./tile_sweep B H S causal [D]   (fp16; head dims 64, 128 and 256, or only D)
 //
 // -DFA_SWEEP_FORWARD=0 or -DFA_SWEEP_BACKWARD=0 leaves a direction out, -DFA_SWEEP_HEAD_DIM=D

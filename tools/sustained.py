@@ -2,8 +2,8 @@
 the SM clock and the board power, so that a gap between two kernels can be split into cycles
 (the work a call costs at any clock) and clock (what the card's power limit leaves it).
 
-    python benchmarks/sustained.py --shapes "4,16,4096,256" --mode fwd --impl fa-sm90,fa3
-    python benchmarks/sustained.py --shapes "4,16,4096,256" --mode bwd --causal 0 --seconds 4
+    python tools/sustained.py --shapes "4,16,4096,256" --mode fwd --impl fa-sm90,fa3
+    python tools/sustained.py --shapes "4,16,4096,256" --mode bwd --causal 0 --seconds 4
 
 The implementations take turns (A B A B, --rounds), each window timed with CUDA events around its
 calls; a sample of nvidia-smi counts for the window it falls in. "Mcycles/call" is ms per call
@@ -13,7 +13,7 @@ readings are averages over its own update period (about 20-100 ms), so a window 
 seconds long. "mJ/call" (back to back only) is NVML's energy counter over the window per call:
 two kernels held at the power limit run at whatever clock their power allows, so their times
 stand as their energies per call, and a kernel that needs fewer cycles gains only what those
-cycles cost in energy (benchmarks/NOTES.md, session 36).
+cycles cost in energy (docs/performance.md, "The power limit").
 
 --flush none,write,read times the same calls three ways: back to back (none); with do_bench's L2
 flush before each call (write: a 256 MB buffer zeroed, L2 left full of dirty lines; only the call
@@ -31,8 +31,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import dense_suite  # noqa: E402
+import timing  # noqa: E402
 
 
 def energy_counter():
@@ -85,7 +86,7 @@ def flushed_window(call, seconds, flush):
 def window(call, seconds, flush="none", energy=None):
     """Calls back to back for about `seconds`: (ms per call, wall start, wall end, mJ per call).
     The energy per call (read by `energy`, from energy_counter()) only back to back (None
-    otherwise): at the card's power limit it is what sets a call's time (NOTES.md, session 36)."""
+    otherwise): at the card's power limit it is what sets a call's time (docs/performance.md)."""
     if flush != "none":
         return (*flushed_window(call, seconds, flush), None)
     call()
@@ -110,7 +111,7 @@ def window(call, seconds, flush="none", energy=None):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", type=bench.parse_shapes, default=[(4, 16, 4096, 256)], help="'B,H,S,D;B,H,S,D'")
+    p.add_argument("--shapes", type=dense_suite.parse_shapes, default=[(4, 16, 4096, 256)], help="'B,H,S,D;B,H,S,D'")
     p.add_argument("--dtype", default="float16")
     p.add_argument("--causal", choices=["0", "1", "both"], default="0")
     p.add_argument("--mode", choices=["fwd", "bwd"], default="fwd")
@@ -120,24 +121,24 @@ def main(argv=None) -> int:
     p.add_argument("--flush", default="none",
                    help="comma-separated: none (back to back), write (do_bench's L2 flush before each call), read")
     args = p.parse_args(argv)
-    sampler = bench.Sampler()
+    sampler = timing.Sampler()
     energy = energy_counter()
     print("| dtype | shape (B, H, S, D) | causal | mode | flush | impl | round | ms/call | SM MHz | W | Mcycles/call | mJ/call | samples |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    causal_values = bench.causal_values(args.causal)
+    causal_values = dense_suite.causal_values(args.causal)
     try:
         for dtype in args.dtype.split(","):
             for shape in args.shapes:
                 for causal in causal_values:
-                    case = bench.Case(*shape, causal=causal, mode=args.mode, dtype=dtype)
-                    inputs = bench.make_inputs(case, requires_grad=args.mode == "bwd")
+                    case = dense_suite.Case(*shape, causal=causal, mode=args.mode, dtype=dtype)
+                    inputs = dense_suite.make_inputs(case, requires_grad=args.mode == "bwd")
                     calls = {}
                     for impl in args.impl.split(","):
-                        with bench.kernel_family(impl):
-                            calls[impl] = bench.case_call(case, bench.make_impl(impl), inputs)
+                        with timing.kernel_family(impl):
+                            calls[impl] = dense_suite.case_call(case, dense_suite.make_impl(impl), inputs)
                     rounds = [(flush, r) for flush in args.flush.split(",") for r in range(args.rounds)]
                     for (flush, r), (impl, call) in itertools.product(rounds, calls.items()):
-                        with bench.kernel_family(impl):
+                        with timing.kernel_family(impl):
                             ms, t0, t1, mj = window(call, args.seconds, flush, energy)
                         mhz, watts, n = sampler.between(t0, t1)
                         mj = "" if mj is None else f"{mj:.1f}"

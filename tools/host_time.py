@@ -1,7 +1,7 @@
 """Host time of a backward call, where the GPU is not what bounds it: the short rows of the README
 ((1, 64, 1024, 128): 0.15-0.21 ms of kernels) read whatever the CPU does on the way to them.
 
-    python benchmarks/host_time.py --shapes 1,64,1024,128 --dtype bfloat16 --impl fa-sm90,cudnn,fa3
+    python tools/host_time.py --shapes 1,64,1024,128 --dtype bfloat16 --impl fa-sm90,cudnn,fa3
 
 For each implementation and case:
 - host µs / call: the wall time of `--calls` calls issued back to back (no synchronisation until the
@@ -13,7 +13,7 @@ For each implementation and case:
   mean µs by name), which splits the host time between launches, allocations and the rest.
 - with --timeline N, N iterations of do_bench's loop under the profiler: per iteration how long the
   GPU waited between the L2 flush and the call's first kernel, and when the host launched the call's
-  first and last kernels (benchmarks/NOTES.md, session 56: the slow calls are such waits).
+  first and last kernels (docs/performance.md, "Host-bound rows": the slow calls are such waits).
 - the cost of one lookup of a driver entry point by name (`cudaGetDriverEntryPointByVersion`, which
   CUTLASS's TMA descriptor encoding does at every descriptor unless built with direct driver calls)
   beside a trivial runtime call, both through ctypes.
@@ -32,8 +32,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import dense_suite  # noqa: E402
+import timing  # noqa: E402
 
 
 def slow_share(times) -> float:
@@ -70,7 +71,7 @@ def do_bench_calls(fn):
     """Every call's ms of one do_bench timing as bench.py runs it (250 ms warm-up, 100 ms of calls)."""
     from triton.testing import do_bench
 
-    times = sorted(do_bench(fn, warmup=bench.ROUND_WARMUP_MS, rep=bench.ROUND_REP_MS, return_mode="all"))
+    times = sorted(do_bench(fn, warmup=dense_suite.ROUND_WARMUP_MS, rep=dense_suite.ROUND_REP_MS, return_mode="all"))
     return statistics.median(times), p90(times), slow_share(times), len(times)
 
 
@@ -210,25 +211,25 @@ def main(argv=None) -> int:
     lookup = entry_point_lookup_us()
     if lookup:
         print(f"driver entry point lookup by name {lookup[0]:.2f} us, cudaGetDevice {lookup[1]:.2f} us (ctypes)")
-    causal_values = bench.causal_values(args.causal)
+    causal_values = dense_suite.causal_values(args.causal)
     print("| impl | dtype | shape | causal | host us/call autograd (min / median) | op (min / median) "
           "| do_bench ms median / p90 | slow calls | calls |")
     print("|---|---|---|---|---|---|---|---|---|")
     traces, timelines = [], []
-    runs = itertools.product(bench.parse_shapes(args.shapes), args.dtype.split(","), causal_values, args.impl.split(","))
+    runs = itertools.product(dense_suite.parse_shapes(args.shapes), args.dtype.split(","), causal_values, args.impl.split(","))
     for shape, dtype, causal, impl in runs:
-        case = bench.Case(*shape, causal=causal, mode="bwd", dtype=dtype)
-        with bench.kernel_family(impl):
+        case = dense_suite.Case(*shape, causal=causal, mode="bwd", dtype=dtype)
+        with timing.kernel_family(impl):
             try:
-                fn = bench.make_impl(impl)
+                fn = dense_suite.make_impl(impl)
             except ImportError as e:
                 print(f"| {impl} | skipped: {e} |")
                 continue
-            inputs = bench.make_inputs(case, requires_grad=True)
-            call = bench.case_call(case, fn, inputs)
+            inputs = dense_suite.make_inputs(case, requires_grad=True)
+            call = dense_suite.case_call(case, fn, inputs)
             auto = host_us(call, args.calls, args.rounds)
             op = ""
-            if impl in bench.FA_FAMILIES:
+            if impl in timing.FA_FAMILIES:
                 q, k, v = (t.detach() for t in inputs)
                 out, lse = torch.ops.fa.forward.default(q, k, v, None, causal)
                 dout = torch.randn_like(out)

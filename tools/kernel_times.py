@@ -1,10 +1,10 @@
 """Where a call's GPU time goes, kernel by kernel, for fa and its peers (torch.profiler).
 
-    python benchmarks/kernel_times.py --mode bwd --shapes "2,64,4096,128;16,16,2048,64"
-    python benchmarks/kernel_times.py --mode bwd --impl fa-sm90,fa3 --dtype bfloat16 --causal both
-    python benchmarks/kernel_times.py --suite decode --impl fa,cudnn,fa3 --dtype float16
+    python tools/kernel_times.py --mode bwd --shapes "2,64,4096,128;16,16,2048,64"
+    python tools/kernel_times.py --mode bwd --impl fa-sm90,fa3 --dtype bfloat16 --causal both
+    python tools/kernel_times.py --suite decode --impl fa,cudnn,fa3 --dtype float16
 
-For each case and implementation the call (bench.case_call: the forward, or the backward
+For each case and implementation the call (dense_suite.case_call: the forward, or the backward
 alone, as bench.py times it) runs a few times under torch.profiler after a warm-up;
 each kernel's device time is averaged over the repeats. The rows say how much of the call each
 kernel is (the pre- and post-passes of a backward beside its main kernel). The call's own time,
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import dense_suite  # noqa: E402
+import timing  # noqa: E402
 
 REPEATS = 10
 
@@ -67,7 +68,7 @@ def decode_kernel_times(args) -> int:
                 try:
                     fn = decode_suite.make_decode_impl(impl, case)
                     with torch.no_grad():
-                        print_kernel_rows(impl, lambda: fn(*inputs))
+                        print_kernel_rows(impl, lambda fn=fn, inputs=inputs: fn(*inputs))
                 except (ImportError, RuntimeError) as err:
                     print(f"| {impl} | unavailable: {str(err).splitlines()[0][:80]} | | |")
             del inputs
@@ -82,7 +83,7 @@ def short_name(name: str, width: int = 90) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", type=bench.parse_shapes, default=bench.DEFAULT_SHAPES, help="'B,H,S,D;B,H,S,D'")
+    p.add_argument("--shapes", type=dense_suite.parse_shapes, default=dense_suite.DEFAULT_SHAPES, help="'B,H,S,D;B,H,S,D'")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--causal", choices=["0", "1", "both"], default="both")
     p.add_argument("--mode", choices=["fwd", "bwd"], default="bwd")
@@ -93,18 +94,18 @@ def main(argv=None) -> int:
     if args.suite == "decode":
         return decode_kernel_times(args)
     args.impl = args.impl or "fa-sm90,fa3"
-    causal_values = bench.causal_values(args.causal)
+    causal_values = dense_suite.causal_values(args.causal)
     for dtype in args.dtype.split(","):
         for shape in args.shapes:
             for causal in causal_values:
-                case = bench.Case(*shape, causal=causal, mode=args.mode, dtype=dtype)
-                inputs = bench.make_inputs(case, requires_grad=args.mode == "bwd")
+                case = dense_suite.Case(*shape, causal=causal, mode=args.mode, dtype=dtype)
+                inputs = dense_suite.make_inputs(case, requires_grad=args.mode == "bwd")
                 print(f"\n### {args.mode} {dtype} {shape} causal={int(causal)}")
                 print("| impl | kernel | µs | share |\n|---|---|---|---|")
                 for impl in args.impl.split(","):
                     try:
-                        with bench.kernel_family(impl):
-                            print_kernel_rows(impl, bench.case_call(case, bench.make_impl(impl), inputs))
+                        with timing.kernel_family(impl):
+                            print_kernel_rows(impl, dense_suite.case_call(case, dense_suite.make_impl(impl), inputs))
                     except (ImportError, RuntimeError) as err:
                         print(f"| {impl} | unavailable: {str(err).splitlines()[0][:80]} | | |")
                 del inputs

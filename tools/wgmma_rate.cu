@@ -2,12 +2,12 @@
 // of shape 64 × N × 256 (fp16 in, fp32 out; the backward's K = 256 at head dim 256) when each of
 // `warpgroups` consumer warpgroups issues it back to back (16 k16 instructions a GEMM, then a wait),
 // with A from shared memory (SS) or registers (RS), and B (and an A in shared memory) K-major or
-// MN-major (the 128-byte swizzle). A development tool, not part of the package: it tells whether a shape
+// MN-major (the 128-byte swizzle). A maintainer tool, not part of the package: it tells whether a shape
 // is bound by the tensor cores (4096 FLOP/clk an H100 SM, dense fp16) or by shared-memory operand
-// reads (benchmarks/NOTES.md).
+// reads (docs/performance.md).
 //
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -DNDEBUG -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED \
-//     -gencode=arch=compute_90a,code=sm_90a -I<cutlass>/include benchmarks/wgmma_rate.cu -o wgmma_rate
+//     -gencode=arch=compute_90a,code=sm_90a -I<cutlass>/include tools/wgmma_rate.cu -o wgmma_rate
 //   ./wgmma_rate
 #include <cstdio>
 #include <vector>

@@ -6,7 +6,7 @@ against the float64 gradients of tests/helpers.py. Prints the maximum and the RM
 (the RMS relative to the reference's RMS), so that a change to how the backward rounds (such as
 P read back in fp16/bf16 for dS) shows how far it moves fa against what its peers make.
 
-    python benchmarks/grad_error.py [--shapes "2,8,1024,256;2,8,1024,128"] [--dtype float16,bfloat16]
+    python tools/grad_error.py [--shapes "2,8,1024,256;2,8,1024,128"] [--dtype float16,bfloat16]
 """
 
 import argparse
@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 
 here = Path(__file__).resolve().parent
-sys.path.insert(0, str(here))
+sys.path.insert(0, str(here.parent / "benchmarks"))
 sys.path.insert(0, str(here.parent / "tests"))
-import bench  # noqa: E402
+import dense_suite  # noqa: E402
+import timing  # noqa: E402
 import helpers  # noqa: E402
 
 
@@ -26,7 +27,7 @@ def grads(impl, fn, q, k, v, dout, causal):
     """dq, dk, dv of bench.py's implementation `impl`; fa's family (fa-sm90, fa-sm80) forced for the
     forward and the backward both (the setting is read at each call)."""
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    with bench.kernel_family(impl):
+    with timing.kernel_family(impl):
         fn(q, k, v, causal).backward(dout)
     return q.grad, k.grad, v.grad
 
@@ -38,7 +39,7 @@ def impls():
     found = {}
     for name in names:
         try:
-            found[name] = bench.make_impl(name)
+            found[name] = dense_suite.make_impl(name)
         except ImportError as err:
             print(f"({name}: not importable, left out: {err})")
     found["math, input dtype"] = lambda q, k, v, causal: helpers.naive_attention(q, k, v, causal, dtype=q.dtype)[0]
@@ -62,7 +63,7 @@ def main():
         dtype = getattr(torch, dtype_name)
         for shape in args.shapes.split(";"):
             b, h, s, d = (int(x) for x in shape.split(","))
-            for causal in bench.causal_values(args.causal):
+            for causal in dense_suite.causal_values(args.causal):
                 q, k, v = helpers.random_qkv(b, h, h, s, s, d, dtype, "cuda", seed=args.seed)
                 dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(args.seed + 1)).to("cuda", dtype)
                 ref = helpers.naive_attention_grads(q, k, v, dout, causal=causal)
