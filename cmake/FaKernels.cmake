@@ -15,7 +15,7 @@
 # dim between them runs on the next larger one), compiled for sm_90a alone.
 #
 # The rows are in the order the units start to compile: the longest first (a build is as long as
-# its last unit to finish; measured on the 16-core H100 machine, benchmarks/NOTES.md).
+# its last unit to finish; measured on the 16-core H100 machine, docs/performance.md).
 set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
 # The Hopper family's native head dims, forward and backward.
 set(FA_SM90_NATIVE_HEAD_DIMS 64 128 256)

@@ -254,8 +254,8 @@ def test_gradients_more_key_tiles_than_sms(device, case, causal):
 HIDDEN_WARPGROUP_CASES = [
     # (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype): steps of the Hopper backward
     # (D <= 128: two consumer warpgroups of 64 keys each) where one warpgroup sees none of its keys,
-    # so that its Pᵀ and dSᵀ are all zero (benchmarks/experiments/bwd-hidden-warpgroup-skip.patch
-    # skips its GEMMs there): causal with Sq = Sk at D = 128 (64-row steps: the second warpgroup at
+    # so that its Pᵀ and dSᵀ are all zero (docs/tried.md: a measured change that
+    # skipped its GEMMs there): causal with Sq = Sk at D = 128 (64-row steps: the second warpgroup at
     # each key tile's first step; again at each query head with GQA), D = 64 with Sq = Sk + 64
     # (128-row steps: the diagonal 64 keys back), last key tiles of at most 64 keys (non-causal too).
     (1, 2, 2, 640, 640, 128, torch.float16),

@@ -69,8 +69,8 @@ struct RowPassShape {
 // zeros in the dQ workspace (its rows are contiguous), or its claims. kGroup: the rows whose loads
 // a thread issues before any of their stores (the compiler cannot move a load above a store that
 // may alias it), so that a thread has that many rows' loads in flight instead of one round trip to
-// memory per row (8 rows: the pre-pass 1–2% faster than with 4 at D = 128 and 256 from 4096 rows,
-// benchmarks/NOTES.md session 47).
+// memory per row (8 rows: the pre-pass 1–2% faster than with 4 at D = 128 and 256 from 4096 rows;
+// docs/tried.md, bd0e093).
 template <class Element, int kHeadDim, int kThreads, int kGroup>
 __device__ __forceinline__ void prepare_row_block(const BackwardParams& p, const Sequence& seq, int batch, int head,
                                                   int block, int tid) {

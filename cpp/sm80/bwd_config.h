@@ -13,7 +13,7 @@ namespace fa::sm80 {
 //            (cp.reduce.async.bulk, sm90; before sm90 it falls back to kPairs)
 //   kPairs   a global reduction per column pair (one 8-byte vector reduction on sm90)
 //   kScalar  a global reduction per element
-//   kSkip    nothing: a timing experiment only (benchmarks/tile_sweep.cu measures what the
+//   kSkip    nothing: a timing experiment only (tools/tile_sweep.cu measures what the
 //            reductions cost with it), never instantiated by the library.
 enum class DqReduce { kBulk, kPairs, kScalar, kSkip };
 

@@ -14,7 +14,7 @@ namespace fa::sm80 {
 // Tiles per head dim: query rows × keys per step, warps, and the warps along M of the S/dP GEMMs,
 // along keys of the dK/dV GEMMs and along M of the dQ GEMM; dO buffers and how dQ is added.
 // dK and dV accumulators (2 · kBlockN · D / threads floats) dominate the registers;
-// benchmarks/NOTES.md has the measurements. D = 256 has no shared memory left for a staged
+// docs/tried.md has the measurements. D = 256 has no shared memory left for a staged
 // fp32 dQ tile (64 KB): it reduces column pairs straight from registers.
 template <int kHeadDim>
 struct BackwardTile;

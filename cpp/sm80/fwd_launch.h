@@ -13,14 +13,14 @@
 namespace fa::sm80 {
 
 // Tiles per head dim (query rows × keys per step, warps, K/V buffers), from
-// benchmarks/tile_sweep.cu on H100 (benchmarks/NOTES.md). The O accumulator (kBlockM·D / threads
+// tools/tile_sweep.cu on H100 (docs/tried.md, Ampere family). The O accumulator (kBlockM·D / threads
 // floats) and the S tile (kBlockM·kBlockN / threads) share 255 registers a thread; these tiles are
 // the fastest that ptxas compiles without spilling (D = 128: 128×64 is faster but spills 80–90
 // bytes). D = 128 double-buffers K and V (one barrier a step, each tile loading during a whole
 // step): 2–6% faster than one buffer; at D = 64 a second buffer measures level or slower, at
 // D = 256 level (and 192 KB would not fit an A100). D = 256 uses 8 warps of 16 rows: 15% faster
 // than 64×32 with 4 warps. The kernels compile with --split-compile=0 (cmake/FaKernels.cmake), as
-// benchmarks/tile_sweep.cu does: without it ptxas spills 8 bytes in that one.
+// tools/tile_sweep.cu does: without it ptxas spills 8 bytes in that one.
 template <int kHeadDim>
 struct ForwardTile;
 template <> struct ForwardTile<32>  { static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 4, kStages = 1; };

@@ -5,7 +5,7 @@
 // Causality is a run-time parameter here (params.causal; common/attention_mask.h): one
 // instantiation per dtype and head dim serves both, in a translation unit of its own
 // (cmake/FaKernels.cmake). Compiled once a causal choice inside the forward's units, these five
-// kernels took about a quarter of a full build's compile time (benchmarks/NOTES.md, session 53).
+// kernels took about a quarter of a full build's compile time (docs/tried.md, 2289563).
 #pragma once
 
 #include <atomic>
@@ -26,7 +26,7 @@ namespace fa::sm80 {
 // The KV-cache (decode) tile: few query rows (a group's heads × a few positions), so 16 rows a warp
 // (a tile of 128 would double the matrix and exp work per key byte for rows that do not exist), and
 // 64-key tiles three deep, two in flight while one is used. Measured on the H100 against 64 × 4
-// deep, 128 × 3 and 128 × 2 (benchmarks/NOTES.md, KV-cache v2): the best or level on every decode
+// deep, 128 × 3 and 128 × 2 (docs/tried.md, decoding): the best or level on every decode
 // row. At D = 256 two buffers of 32 keys (three would leave one CTA an SM).
 template <int kHeadDim>
 struct DecodeTile {
@@ -38,7 +38,7 @@ struct DecodeTile {
 // The key-splitting decode kernel's slices (decode_kernel.h), for kRows packed rows. 16 rows: 4 warps
 // of kWarpKeys keys a step, so that a warp's K and V slices are 16 KB a buffer at D = 64, 128 and
 // 256 (12 KB at 96, 8 KB at 32), two buffers a warp: at most 136 KB of shared memory, one CTA an SM
-// (and it fits an A100). Measured on the H100 at D = 128 (benchmarks/NOTES.md, KV-cache v3) against
+// (and it fits an A100). Measured on the H100 at D = 128 (docs/tried.md, decoding) against
 // three buffers of 32 keys (196 KB), three or four of 16 keys (100 KB, two CTAs an SM; 132 KB) and
 // 8 warps of 16 keys: the fastest on every decode row it serves but B8 paged 16, where three
 // buffers of 16 keys read 0.3-1.3% faster. 32 rows: half the keys a warp, so that S and P take

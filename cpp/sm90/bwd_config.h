@@ -8,7 +8,7 @@
 // dSᵀ goes through shared memory and the two warpgroups split dQ's columns.
 //
 // Above head dim 128 (kSplitHeadDim) dK and dV of 64 keys per warpgroup would not fit in registers,
-// and dQ's reductions bound the step (benchmarks/NOTES.md, sessions 24-26): a CTA owns 80 keys
+// and dQ's reductions bound the step (docs/tried.md: b7eb755, c86cb70): a CTA owns 80 keys
 // (FA3's tile: 20% fewer dQ bytes per FLOP than 64) and the warpgroups split the head dim for
 // dK, dV and dQ and the keys for S and dP:
 //   S = Q Kᵀ, dP = dO Vᵀ   queries × keys, 40 keys per warpgroup (wgmma N = 40);
@@ -131,20 +131,20 @@ struct BackwardConfig {
   // The workspace's query tiles claimed instead of zeroed (common/dq_claims.h) at head dim 64: its
   // backward 1.7–3% faster. At D = 128 the claims cost 0–8% (the longer non-causal rows the most):
   // there about half of the steps found their tile claimed and unpublished and waited for it
-  // (benchmarks/NOTES.md, session 50).
+  // (docs/tried.md, 4b7f035).
   static constexpr bool kdQClaims = !kdQFromRegisters && kHeadDim <= 64;
   // The rows of the units past the first two waves' prepared by the main kernel's warps 2 and 3
   // instead of the pre-pass (BackwardParams::unit_ready), at head dims 64 and 256: there the
   // backward's kernels took 1.2–2.8% (D = 64) and 0–4.4% (D = 256) less time, 0.986–1.001× the
   // time at the power limit. At D = 128 the main kernel slowed by about what the pre-pass saved
-  // (level at the limit; benchmarks/NOTES.md, session 51).
+  // (level at the limit; docs/tried.md, 5a12417).
   static constexpr bool kRowsInMainKernel = kHeadDim != 128;
   // How much of L2 the causal order's sections may fill (BackwardTileOrder: (batch, kv head) units
   // whose Q, dO and dQ workspace rows stream through L2 together, their key tiles longest first).
   // 20 MB at D = 128: timed call by call against 40 MB in one process (bench.py --interleave,
-  // benchmarks/NOTES.md, session 63) 1.0-2.2% faster on the causal (2, 64, 4096), (4, 64, 8192)
+  // docs/tried.md, fec31b6) 1.0-2.2% faster on the causal (2, 64, 4096), (4, 64, 8192)
   // and (2, 16, 16384) rows, whose sections then hold 4, 2 and 1 units instead of 8, 4 and 2.
-  // 40 MB at D = 64 and 256, timed the same way (session 64, causal (16, 16, 2048, 64) and
+  // 40 MB at D = 64 and 256, timed the same way (causal (16, 16, 2048, 64) and
   // (4, 16, 4096, 256)): at D = 64 20 MB level (sections of 16 units instead of 32), 80 MB 2.5%
   // slower; at D = 256 20 MB 2.2% slower (2 units instead of 4), 80 MB level.
   // FA_BWD_L2_BUDGET_MB, read at each call, overrides it (launch_backward).

@@ -15,8 +15,8 @@
 // the next index and hands it to the other roles (BackwardTileHandoff). Between two key tiles the
 // Q/dO pipelines run on (the next tile's first Q and dO load while this one's last steps run) and
 // the next K and V load once this tile's epilogue has stored dK and dV from their buffers
-// (kv_empty): no CTA launch, barrier set-up or first Q/dO latency per key tile (benchmarks/NOTES.md:
-// 1.7–4.6% faster at head dim 64, up to 1.6% at 128).
+// (kv_empty): no CTA launch, barrier set-up or first Q/dO latency per key tile (docs/tried.md,
+// 774fef6: 7–8% faster at head dim 64, level at 128).
 //
 // Roles (bwd_config.h has the tile shapes):
 //   warpgroup 0, warp 0   producer (bwd_load.h): K, V per key tile; Q + lse and dO + delta per step
@@ -240,7 +240,7 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       copy(copy_ds, thr_copy_ds.retile_S(rdS), tdSsdS(_, _, _, ds_buffer));
       // dV += Pᵀ dO is issued only now, after dSᵀ's store (FA3's order): issued as soon as Pᵀ was
       // converted, it ran beside the dS math, but the dSᵀ store and so the kdSFull barrier came
-      // later; measured 4.6-5.9% faster at D = 64 this way, level at D = 128 (benchmarks/NOTES.md).
+      // later; measured 4.6-5.9% faster at D = 64 this way, level at D = 128 (docs/tried.md, e94ca21).
       // Issued before the fence that makes dSᵀ visible to the other warpgroup's dQ GEMM (dV reads
       // none of it), so that the tensor cores start on it while the fence drains.
       Tensor tdVrP = make_tensor(rP.data(), accumulator_as_a_operand(acc_s.layout()));

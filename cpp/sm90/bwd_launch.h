@@ -24,7 +24,7 @@
 namespace fa::sm90 {
 
 // Tiles per head dim (query rows per step × keys per CTA, Q/dO stages): FA3's choices for its
-// causal kernels (../shared/HOPPER_NOTES.md). Measured (benchmarks/NOTES.md, Hopper backward): at
+// causal kernels. Measured (docs/tried.md, Hopper backward): at
 // D = 128, three Q/dO stages and 64 rows at D = 64 were no faster; D = 128 stays at 64 rows (the
 // 80 rows FA3 uses when not causal are no multiple of the 64-element swizzle row).
 template <int kHeadDim>

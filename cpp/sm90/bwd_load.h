@@ -79,9 +79,9 @@ struct BackwardTileHandoff {
 // Not causal, each key tile starts at its own query tile and wraps around: the CTAs that run at
 // once (consecutive key tiles of one head) then read Q and dO and add their dQ partials at
 // different query tiles, not all at the same one at once (measured 1-2.6% faster at D = 128, up
-// to 1.8% at 64, level at 256: benchmarks/NOTES.md, session 24). The start is n_block times a
+// to 1.8% at 64, level at 256). The start is n_block times a
 // stride of ~0.62 of the count (mod the count), not n_block itself: measured 2.3% faster at
-// (4, 64, 8192, 128), level on the other D = 128 rows (session 65). Likely why: the persistent
+// (4, 64, 8192, 128), level on the other D = 128 rows (docs/tried.md, 610efe9). Likely why: the persistent
 // CTAs start their key tiles staggered in time, about one step apart where the count is about
 // the SMs' (128 query tiles, 132 SMs), and starts n_block steps apart undo that stagger, so a
 // head's CTAs meet at the same query tiles again; the stride's starts are spread whether the
@@ -113,8 +113,8 @@ struct BackwardSteps {
   // by every role, without a division and remainder by m_tiles in the loop (~25 instructions, a
   // MUFU.RCP among them): measured 3-4% faster at D = 64 causal and (2, 64, 4096, 128) causal,
   // level on the other rows, for the D <= 128 consumers; at D = 256 (bwd_mma_split.h) level to
-  // 1.5% faster once the division no longer held back a GEMM's issue (benchmarks/NOTES.md,
-  // sessions 27 and 43).
+  // 1.5% faster once the division no longer held back a GEMM's issue (docs/tried.md: e5d052a,
+  // 84708e1).
   struct Step {
     int t;
     int head;
@@ -170,8 +170,8 @@ struct BackwardLoad {
     int handed = 0;    // next-tile indices handed over
     // The wait for the pre-pass (grid_dependency.h) comes after the first tile's K, V and Q loads
     // (inputs, complete before the pre-pass started) and before its step 0's lse, which the
-    // pre-pass writes: measured 3-4 µs a call faster at (1, 64, 1024, 128) (benchmarks/NOTES.md,
-    // session 48).
+    // pre-pass writes: measured 3-4 µs a call faster at (1, 64, 1024, 128) (docs/tried.md,
+    // 4993c4c).
     bool waited = false;
     auto wait_once = [&]() {
       if (!waited) wait_for_prior_grid();

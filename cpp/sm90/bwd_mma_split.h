@@ -9,7 +9,7 @@
 //   once dV is done, releases dO (one buffer: the producer loads the next step's while the rest
 //   of this one runs); once the slice is done, adds it to the workspace from registers (16-byte
 //   reductions); then the next slice (behind dK), kept for the next step; then releases Q.
-// Why this tile (80 keys rather than 64), and what it costs, in bwd_config.h and benchmarks/NOTES.md.
+// Why this tile (80 keys rather than 64), and what it costs, in bwd_config.h and docs/tried.md.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -166,7 +166,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       // once the GEMMs after kdSFull are: ptxas keeps such work where it is written, and a warp
       // issues in order, so before a GEMM's issue a dependent chain held the GEMM back (the query
       // tile, when it took a division by m_tiles, at the step's top, after the tensor cores had
-      // drained: 1.3-4% of the D = 256 backward, benchmarks/NOTES.md, session 43).
+      // drained: 1.3-4% of the D = 256 backward; docs/tried.md, 84708e1).
       const int row_begin = step.m_block * kBlockM;
 
       // P = exp2(S·scale·log2e - lse·log2e) (lse·log2e is +inf for rows that see no key or lie

@@ -36,7 +36,7 @@ struct ForwardConfig {
 
   // How many of a thread's two rows of S have their exponentials computed before the wait for
   // the previous step's O GEMM (fwd_mainloop.h); -1: no fence, the compiler places the wait.
-  // Measured (benchmarks/NOTES.md): one row with two consumer warpgroups (D = 128: 0.5–3% faster
+  // Measured (docs/tried.md, 65077cd): one row with two consumer warpgroups (D = 128: 0.5–3% faster
   // than no fence, D = 256 level to 2% faster; both rows lose at D = 128); none with three (D = 64:
   // one row 2–4.5% slower; the causal D = 128 tile, 192 × 80, takes the same, not measured there).
   static constexpr int kRowsBeforeOWait = kMmaWarpgroups == 2 ? 1 : -1;
@@ -70,7 +70,7 @@ struct ForwardConfig {
   // Where the registers allow: two consumer warpgroups (240 registers) on steps of at most 144 keys
   // at D ≤ 128 — at D = 128 and 128 keys Q's 32 registers a thread beside S's 64, P's 32 and O's
   // 64. (ptxas spills with three warpgroups, 160 registers, at D = 64, and on 160- or 176-key
-  // D = 128 tiles.) Measured at D = 128 (benchmarks/NOTES.md, session 46): 0.7–1.1% fewer cycles a
+  // D = 128 tiles.) Measured at D = 128 (docs/tried.md, b14956e): 0.7–1.1% fewer cycles a
   // call at the power limit on the 128-key tiles, 1–3% faster in bench.py; the 144-key tile with Q
   // in registers 0.7–1.5% fewer cycles than 176 keys without.
   static constexpr bool kQInRegisters = kMmaWarpgroups == 2 && kHeadDim <= 128 && kBlockN <= 144;

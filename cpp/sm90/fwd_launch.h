@@ -19,8 +19,8 @@
 
 namespace fa::sm90 {
 
-// Tiles per head dim and causality (query rows × keys per step, K/V stages). Starting points from
-// ../shared/HOPPER_NOTES.md, measured in benchmarks/NOTES.md (Hopper family): 64 rows per consumer
+// Tiles per head dim and causality (query rows × keys per step, K/V stages), each measured
+// (docs/tried.md, Hopper forward): 64 rows per consumer
 // warpgroup. D = 64: 192 × 128, three consumer warpgroups, so that two warpgroups' GEMMs cover each
 // one's softmax (at D = 64 the GEMMs are short next to the softmax). Wider key tiles amortise each
 // step's softmax and barriers over more tensor-core work; causal tiles stay narrower, since every
@@ -29,7 +29,7 @@ namespace fa::sm90 {
 // (128 × 144 serves long key sequences: LongKeyTile below). Causal D = 128: 192 × 80, three
 // consumer warpgroups: a step receives a third fewer K and V bytes per FLOP than on 128 × 128, and
 // at the power limit the forward's time is the energy of the bytes each SM receives. Measured
-// (benchmarks/NOTES.md, session 52): 3–7% less energy a call, 4–5% faster at the power limit from
+// (docs/tried.md, 555b122): 3–7% less energy a call, 4–5% faster at the power limit from
 // 4096 rows; 192 × 64 level with 128 × 128, 192 × 96 spills.
 // D = 256: 128 × 80 with two stages fills shared memory (the output tile then reuses Q's buffer).
 template <int kHeadDim, bool kCausal>
@@ -45,7 +45,7 @@ template <bool kCausal> struct ForwardTile<256, kCausal> {
 
 // A second tile for short query lengths, where the first one's rows are mostly padding or
 // masked: D = 64 causal takes 128 × 128 (two consumer warpgroups) below 2048 query rows. Measured
-// (benchmarks/NOTES.md, Hopper v4): at 1024 rows 192 × 128 is 11% slower than 128 × 128, at 2048
+// (docs/tried.md, Hopper forward): at 1024 rows 192 × 128 is 11% slower than 128 × 128, at 2048
 // rows 1–2% faster, at 4096 5% faster.
 template <int kHeadDim, bool kCausal>
 struct ShortQueryTile {
@@ -58,10 +58,10 @@ template <> struct ShortQueryTile<64, true> {
 // A second tile for long key sequences, where a wider key tile spreads each step's softmax and
 // barriers over more tensor-core work and its last, partial tile costs little: D = 128 non-causal
 // takes 128 × 144 from 8192 keys on, the widest tile whose consumers still hold Q in registers
-// (ForwardConfig::kQInRegisters; one Q buffer beside the output's). Measured (benchmarks/NOTES.md):
+// (ForwardConfig::kQInRegisters; one Q buffer beside the output's). Measured (docs/tried.md):
 // FA3's 128 × 176 (Q from shared memory) 2–3% faster than 128 × 128 at 8192–32768 keys and 6%
-// slower at 4096 (session 14); 128 × 144 with Q in registers 0.7–1.5% fewer cycles a call than
-// 128 × 176 at the power limit (session 46).
+// slower at 4096 (1c01966); 128 × 144 with Q in registers 0.7–1.5% fewer cycles a call than
+// 128 × 176 at the power limit (d28484a).
 template <int kHeadDim, bool kCausal>
 struct LongKeyTile {
   static constexpr int kFromKeys = 0;  // none
@@ -133,8 +133,7 @@ cudaError_t opt_in_smem(PerDevice& done, Kernel kernel, int bytes) {
 // K and V tiles; each CTA of the pair loads half of every tile into both (TMA multicast,
 // fwd_load.h), so K and V are read from L2 once per pair. Measured 2–3% faster from 8192 keys at
 // D = 128, 0.5–1.3% at D = 256, level at 4096 keys and below; at D = 64 (192-row tiles, K and V
-// read by more rows) level, so not used there (ForwardConfig::kPairs; benchmarks/NOTES.md,
-// session 33).
+// read by more rows) level, so not used there (ForwardConfig::kPairs; docs/tried.md, 5e9c995).
 // FA_SM90_FWD_PAIRS=0 launches single CTAs instead.
 //
 // Sets config's cluster attribute (in `attribute`) and returns in `pairs` how many pairs fit on

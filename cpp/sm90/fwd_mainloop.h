@@ -44,7 +44,7 @@ struct ForwardMainloop {
   // With a causal mask the warpgroups of a tile's first rows often see fewer key tiles than the
   // tile does: at D = 64 (192 × 128) the first one never sees the tile's last key tile. And a
   // sequence that ends inside a tile leaves whole warpgroups past its last row. Together: 10% of
-  // the GEMM work of the causal D = 64 forward at 2048 rows (benchmarks/NOTES.md, session 29).
+  // the GEMM work of the causal D = 64 forward at 2048 rows (docs/tried.md, acaca1c).
   CUTE_DEVICE static int own_blocks(const AttentionMask<kCausal>& mask, int seqlen_q, int m_block) {
     return Config::key_tiles_of_rows(mask, seqlen_q, m_block * kBlockM + warpgroup_row(), 64);
   }
@@ -169,7 +169,7 @@ struct ForwardMainloop {
     // softmax, the wait for O's GEMM and P's conversion then form one block of straight-line code,
     // which the compiler schedules together (the exponentials, bound by MUFU throughput, interleave
     // with the rest). Measured up to 5% faster at D = 64, level to 3% faster at D = 128
-    // (benchmarks/NOTES.md).
+    // (docs/tried.md, 52ce3b1).
     //
     // Where the wait for O's GEMM goes: P's conversion overwrites the registers that GEMM reads,
     // and ptxas interleaves the conversions with the exponentials and so hoists the wait above

@@ -13,14 +13,14 @@
 // The order, not causal: (batch, head) pairs one after the other, and within each pair its query
 // tiles. The tiles running at one time are then consecutive query tiles of one or a few heads,
 // which read the same K and V at about the same time: those reads come from L2. (Measured on H100,
-// benchmarks/NOTES.md: interleaving the tiles of several heads there was up to 12% slower.)
+// docs/tried.md: interleaving the tiles of several heads there was up to 12% slower.)
 // Causal (`longest_first`: the last query tiles see the most keys): longest first within sections
 // of `section` (batch, head) pairs whose K and V fit in L2 together (Sections, below): the
 // section's last query tiles, then its second-to-last ones, and so on. One head at a time would
 // hand out each head's longest tile just ~m_blocks tiles before the end, and the CTA that takes the
-// last head's runs on while the others idle (benchmarks/schedule_sim.py: 3–4% of the time from
+// last head's runs on while the others idle (simulated: 3–4% of the time from
 // 2048 to 8192 rows, 26% at (1, 64, 1024); with sections of 4 or more heads 0–1% and 3%).
-// Measured (benchmarks/NOTES.md): (1, 64, 1024, 128) causal 4–5% faster, the long causal rows
+// Measured (docs/tried.md, e94eaec): (1, 64, 1024, 128) causal 4–5% faster, the long causal rows
 // within ±1% of the one-head order.
 //
 // Varlen batches keep this shape: the order covers the longest sequence's query tiles for every

@@ -312,7 +312,7 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor&
 
 // Split-KV's default for a KV-cache call: split only while the CTAs do not outnumber the SMs, at
 // most one split per 256 keys of the cache's capacity and kMaxSplits. Measured on the H100
-// (benchmarks/NOTES.md): a split count that gives each SM one decode CTA is the best or level with
+// (docs/tried.md, decoding): a split count that gives each SM one decode CTA is the best or level with
 // the best (B1, 8 kv heads, 131072 keys: 90% of the copy bandwidth with 16 splits, 88% with 33,
 // 80% with 24), and a second split where the CTAs already fill the GPU costs 1-9%.
 int64_t default_splits(const KVCacheShape& s, const Tensor& q) {
