@@ -31,7 +31,7 @@ def test_flop_formula():
 
 
 def test_tflops_matches_reference_numbers():
-    # The README's reference: FA2 at (4, 64, 8192, 128) fp16 forward, 25.6 ms -> 344 TFLOP/s.
+    # A reference point: FA2 at (4, 64, 8192, 128) fp16 forward, 25.6 ms -> 344 TFLOP/s (H100).
     case = dense_suite.Case(4, 64, 8192, 128, causal=False, mode="fwd")
     assert dense_suite.tflops(case, 25.6) == pytest.approx(343.6, abs=0.1)
     assert dense_suite.tflops(dense_suite.Case(4, 64, 8192, 128, False, "bwd"), 72.0) == pytest.approx(305.4, abs=0.1)
@@ -75,7 +75,7 @@ def test_predecessors_follow_the_rounds_as_run():
     # A round's first follows the previous round's last; the first round's first, the last round's
     # last (the previous case's).
     assert dense_suite.predecessors(orders) == [{"a": "b", "b": "a", "c": "b"}, {"c": "c", "a": "c", "b": "a"}]
-    # The 3-round order of the README's five: fa Hopper follows one mma.sync implementation, FA3 two.
+    # The 3-round order of five implementations: fa Hopper follows one mma.sync implementation, FA3 two.
     five = ["fa-sm90", "fa-sm80", "fa3", "cudnn", "flash"]
     before = dense_suite.predecessors(dense_suite.round_orders(five, 3))
     light = {"fa-sm80", "flash"}
@@ -105,7 +105,7 @@ def test_arguments():
     assert [c.shape for c in dense_suite.build_cases(args)] == [(1, 2, 3, 4), (5, 6, 7, 8)]
     assert args.suite == "full"  # --shapes and --sweep time dense shapes with the full suite's machinery
     assert dense_suite.parse_shapes("1,2,3,4/5,6,7,8") == args.shapes  # for scripts that split at ';'
-    default_args = bench.parse_args(["--suite", "full"])  # the full suite: every dense shape of the README
+    default_args = bench.parse_args(["--suite", "full"])  # the full suite: every dense shape, both dtypes
     default = dense_suite.build_cases(default_args)
     assert len(default) == len(dense_suite.DEFAULT_SHAPES) * 2 * 2 * 2 and default[0] == dense_suite.Case(1, 64, 1024, 128, False, "fwd")
     assert {c.dtype for c in default} == {"float16", "bfloat16"}
