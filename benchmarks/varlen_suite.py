@@ -1,4 +1,4 @@
-"""The variable-length suite of dense_suite.py (``--suite varlen``): one packed batch of sequences of
+"""The variable-length suite of bench.py (``--suite varlen``): one packed batch of sequences of
 different lengths, fa.attention_varlen beside what users run today.
 
 The batch: VARLEN_SEQUENCES sequences with lengths drawn from [VARLEN_MIN, VARLEN_MAX] by a
