@@ -24,9 +24,6 @@ def _cuda_params(values_for_family):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "family(name): run with FA_KERNEL_FAMILY=name")
-    config.addinivalue_line(
-        "markers", "gpu_memory: takes tens of GiB of GPU memory (float64 references of large shapes); "
-                   "under pytest-xdist such tests run one at a time across the workers")
 
 
 def pytest_generate_tests(metafunc):
