@@ -371,10 +371,10 @@ def per_cycle_ratios(times: Dict[str, List[float]], reference: str) -> Dict[str,
 
 
 def benchmark_interleaved(cases: Sequence[Case], impls: Sequence[str], seconds: float, progress=None,
-                          warmup: Optional[int] = None, seed: int = 0,
-                          sampler: Optional[Sampler] = None) -> Tuple[List[Result], List[str]]:
+                          warmup: Optional[int] = None, seed: int = 0, sampler: Optional[Sampler] = None,
+                          min_cycles: int = INTERLEAVE_MIN_CYCLES) -> Tuple[List[Result], List[str]]:
     """Runs every impl on every case call by call (see INTERLEAVE_WARMUP_MS above): `warmup` ms of
-    cycles untimed, then at least INTERLEAVE_MIN_CYCLES cycles filling `seconds`; a result's time is
+    cycles untimed, then at least `min_cycles` cycles filling `seconds`; a result's time is
     the median of its calls; sampler: the clock and power over the timed cycles (the same for every
     implementation of a case). Returns the results and the fa mismatches found."""
     results, mismatches = [], []
@@ -408,7 +408,7 @@ def benchmark_interleaved(cases: Sequence[Case], impls: Sequence[str], seconds: 
             start = time.perf_counter()
             run_cycles(calls, cycle_orders(calls, warm_cycles, seed + 2), clear)
             cycle_ms = max(1e3 * (time.perf_counter() - start) / warm_cycles, 1e-3)
-            cycles = max(INTERLEAVE_MIN_CYCLES, math.ceil(1e3 * seconds / cycle_ms))
+            cycles = max(min_cycles, math.ceil(1e3 * seconds / cycle_ms))
             t0 = time.monotonic()
             times = run_cycles(calls, cycle_orders(calls, cycles, seed), clear)
             window = [(t0, time.monotonic())]
@@ -569,10 +569,14 @@ def build_cases(args) -> List[Case]:
 # The quick suite (bench.py's default): the shapes of the FlashAttention papers' tables, bf16,
 # forward and backward, non-causal and the longest also causal, fa (default dispatch) beside the
 # fastest peers present and the naive attention where its S x S matrices fit; timed call by call
-# (benchmark_interleaved) for QUICK_SECONDS a case.
+# (benchmark_interleaved) for QUICK_SECONDS a case and at least QUICK_MIN_CYCLES cycles: with the
+# 5 cycles that one second gives the (4, 64, 8192, 128) backward, its first cycles (the card still
+# settling at its power limit) moved fa's ratio to FA3 by up to 10% (H200, 3d1f04e); 20 cycles cost
+# that row about 4 s.
 QUICK_SHAPES = [(1, 64, 1024, 128), (2, 64, 4096, 128), (4, 64, 8192, 128)]
 QUICK_IMPLS = ["fa", "fa3", "cudnn", "flash", "naive"]
 QUICK_SECONDS = 1.0
+QUICK_MIN_CYCLES = 20
 QUICK_WARMUP_MS = 250
 IMPL_TITLES = {"fa": "fa", "fa-sm90": "fa Hopper", "fa-sm80": "fa Ampere", "fa3": "FA3", "cudnn": "cuDNN",
                "flash": "FA2", "efficient": "SDPA mem-eff", "math": "SDPA math", "naive": "naive"}
