@@ -157,10 +157,17 @@ def main_quick(args, meta) -> int:
     cases = dense_suite.quick_cases()
     print(header(meta))
     print(f"# quick suite: bf16, each case timed call by call for {dense_suite.QUICK_SECONDS:g} s (at least "
-          f"{dense_suite.QUICK_MIN_CYCLES} cycles) after {dense_suite.QUICK_WARMUP_MS} ms of untimed calls", flush=True)
-    results, mismatches = dense_suite.benchmark_interleaved(
-        cases, args.impl, dense_suite.QUICK_SECONDS, progress=progress_bar(len(cases)),
-        warmup=dense_suite.QUICK_WARMUP_MS, min_cycles=dense_suite.QUICK_MIN_CYCLES)
+          f"{dense_suite.QUICK_MIN_CYCLES} cycles) after {dense_suite.QUICK_WARMUP_MS} ms of untimed calls, "
+          f"in groups {' / '.join(','.join(g) for g in dense_suite.quick_groups(args.impl))}", flush=True)
+    groups = dense_suite.quick_groups(args.impl)
+    tick = progress_bar(len(cases) * len(groups))
+    results, mismatches = [], []
+    for group in groups:
+        group_results, group_mismatches = dense_suite.benchmark_interleaved(
+            cases, group, dense_suite.QUICK_SECONDS, progress=tick, warmup=dense_suite.QUICK_WARMUP_MS,
+            min_cycles=dense_suite.QUICK_MIN_CYCLES)
+        results += group_results
+        mismatches += group_mismatches
     print(file=sys.stderr)
     fa_impl = next((i for i in args.impl if split_impl(i)[0] in ("fa", "fa-sm90", "fa-sm80")), args.impl[0])
     print(dense_suite.wide_table(results, fa_impl))

@@ -575,6 +575,11 @@ def build_cases(args) -> List[Case]:
 # that row about 4 s.
 QUICK_SHAPES = [(1, 64, 1024, 128), (2, 64, 4096, 128), (4, 64, 8192, 128)]
 QUICK_IMPLS = ["fa", "fa3", "cudnn", "flash", "naive"]
+# Timed in two groups, each call by call within itself: a light implementation's calls (FA2 on
+# mma.sync, the naive attention) let the card's clock rise for whichever call follows them, and on
+# the (4, 64, 8192, 128) backward at the power limit that spread fa's per-cycle ratio to FA3 over
+# 0.92-1.03 with FA2 in the cycle against 1.008-1.021 without it (H200, 3d1f04e).
+LIGHT_IMPLS = ("flash", "efficient", "math", "naive", "fa-sm80")
 QUICK_SECONDS = 1.0
 QUICK_MIN_CYCLES = 20
 QUICK_WARMUP_MS = 250
@@ -588,6 +593,13 @@ def quick_cases(dtype: str = "bfloat16") -> List[Case]:
         for causal in ([False, True] if shape == QUICK_SHAPES[-1] else [False]):
             cases.extend(Case(*shape, causal, mode, dtype) for mode in ("fwd", "bwd"))
     return cases
+
+
+def quick_groups(impls: Sequence[str]) -> List[List[str]]:
+    """The quick suite's timing groups: the wgmma-class implementations, then the light ones."""
+    light = [i for i in impls if split_impl(i)[0] in LIGHT_IMPLS]
+    heavy = [i for i in impls if i not in light]
+    return [g for g in (heavy, light) if g]
 
 
 def wide_table(results: Sequence[Result], fa_impl: str = "fa") -> str:

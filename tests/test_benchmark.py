@@ -136,6 +136,9 @@ def test_quick_suite_is_the_default():
     assert len(cases) == 8 and {c.mode for c in cases} == {"fwd", "bwd"} and {c.dtype for c in cases} == {"bfloat16"}
     assert [c.shape for c in cases if c.causal] == [(4, 64, 8192, 128)] * 2
     assert bench.QUICK_DECODE_CASE in decode_suite.DECODE_CASES
+    # The light implementations timed apart from the wgmma-class ones (their calls move the clock).
+    assert dense_suite.quick_groups(args.impl) == [["fa", "fa3", "cudnn"], ["flash", "naive"]]
+    assert dense_suite.quick_groups(["fa", "cudnn"]) == [["fa", "cudnn"]]
     for suite in bench.SUITES:
         assert bench.parse_args(["--suite", suite]).suite == suite
 
