@@ -1,6 +1,6 @@
 """fa beside the attention implementations a PyTorch user has, in one process, on the GPU present.
 
-    python benchmarks/bench.py                      # the quick suite: about a minute on an H100/H200
+    python benchmarks/bench.py                      # the quick suite: under a minute on an H200
     python benchmarks/bench.py --suite full         # every dense shape, fp16 and bf16, causal or not
     python benchmarks/bench.py --suite varlen       # packed sequences of mixed lengths
     python benchmarks/bench.py --suite decode       # decoding against a KV cache
@@ -9,8 +9,8 @@
 
 The quick suite: (1, 64, 1024, 128), (2, 64, 4096, 128) and (4, 64, 8192, 128) in bf16, forward
 and backward, non-causal and the last also causal, timed call by call beside FlashAttention-3 (when
-`flash_attn_interface` imports), cuDNN and FlashAttention-2 (SDPA's backends) and the naive
-attention where its S x S matrices fit; then one decode row (B 32, Hq 32, Hk 8, D 128, 8192 cached
+`flash_attn_interface` imports) and cuDNN, and FlashAttention-2 (SDPA's flash backend) and the naive
+attention (where its S x S matrices fit) in a group of their own; then one decode row (B 32, Hq 32, Hk 8, D 128, 8192 cached
 keys) and one varlen row (64 sequences of 512-8192 tokens, causal forward).
 
 TFLOP/s counts 4·B·H·Sq·Sk·D for the forward (two matmuls of 2·Sq·Sk·D each), halved when causal,
