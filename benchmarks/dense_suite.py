@@ -167,21 +167,6 @@ def round_orders(impls: Sequence[str], rounds: int) -> List[List[str]]:
     return orders
 
 
-def predecessors(orders: List[List[str]]) -> List[Dict[str, Optional[str]]]:
-    """What ran just before each implementation's timing, round by round, as benchmark() runs the
-    orders: the round's previous implementation, or for its first the previous round's last (for
-    the first round's first, the last round's last: the previous case's, possibly itself)."""
-    out = []
-    for r, order in enumerate(orders):
-        before = orders[r - 1][-1] if orders[r - 1] else None  # r = 0: the previous case's last round
-        row = {}
-        for impl in order:
-            row[impl] = before
-            before = impl
-        out.append(row)
-    return out
-
-
 def make_inputs(case: Case, device="cuda", requires_grad=False):
     dtype = getattr(torch, case.dtype)
     gen = torch.Generator(device=device).manual_seed(0)

@@ -70,19 +70,6 @@ def test_round_orders_vary_places_and_predecessors():
     assert len(dense_suite.round_orders(dense_suite.DEFAULT_IMPLS, 3)) == 3
 
 
-def test_predecessors_follow_the_rounds_as_run():
-    orders = [["a", "b", "c"], ["c", "a", "b"]]
-    # A round's first follows the previous round's last; the first round's first, the last round's
-    # last (the previous case's).
-    assert dense_suite.predecessors(orders) == [{"a": "b", "b": "a", "c": "b"}, {"c": "c", "a": "c", "b": "a"}]
-    # The 3-round order of five implementations: fa Hopper follows one mma.sync implementation, FA3 two.
-    five = ["fa-sm90", "fa-sm80", "fa3", "cudnn", "flash"]
-    before = dense_suite.predecessors(dense_suite.round_orders(five, 3))
-    light = {"fa-sm80", "flash"}
-    assert [row["fa-sm90"] in light for row in before].count(True) == 1
-    assert [row["fa3"] in light for row in before].count(True) == 2
-
-
 def test_settle_argument():
     assert bench.parse_args([]).settle == timing.DEFAULT_SETTLE_MS > 0
     assert bench.parse_args(["--settle", "300"]).settle == 300 and bench.parse_args(["--settle", "0"]).settle == 0
