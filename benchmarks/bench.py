@@ -29,8 +29,8 @@ import torch
 import decode_suite
 import dense_suite
 import varlen_suite
-from timing import (DEFAULT_SETTLE_MS, WARMUP_MS, environment, header, open_sampler, report_mismatches,
-                    finish_run, split_impl)
+from timing import (DEFAULT_SETTLE_MS, FA_FAMILIES, WARMUP_MS, environment, finish_run, header, open_sampler,
+                    report_mismatches, split_impl)
 
 SUITES = ["quick", "full", "varlen", "decode"]
 QUICK_DECODE_CASE = decode_suite.DecodeCase(32, 32, 8, 1, 128, 8192)
@@ -169,7 +169,7 @@ def main_quick(args, meta) -> int:
         results += group_results
         mismatches += group_mismatches
     print(file=sys.stderr)
-    fa_impl = next((i for i in args.impl if split_impl(i)[0] in ("fa", "fa-sm90", "fa-sm80")), args.impl[0])
+    fa_impl = next((i for i in args.impl if split_impl(i)[0] in FA_FAMILIES), args.impl[0])
     print(dense_suite.wide_table(results, fa_impl))
     for impl in args.impl:  # an implementation that ran nowhere says why once, under the table
         notes = {r.note for r in results if r.impl == impl and r.note}

@@ -594,8 +594,7 @@ def wide_table(results: Sequence[Result], fa_impl: str = "fa") -> str:
     impls = [i for i in dict.fromkeys(r.impl for r in results) if any(r.impl == i and r.ms for r in results)]
     peers = [i for i in impls if i != fa_impl]
     lines = ["| pass | dtype | shape (B, H, S, D) | causal | fa ms | " +
-             " | ".join(f"{IMPL_TITLES.get(split_impl(i)[0], i)} TFLOP/s" if split_impl(i)[1] == {}
-                        else f"{i} TFLOP/s" for i in impls) + " | fa vs fastest peer |",
+             " | ".join(f"{IMPL_TITLES.get(i, i)} TFLOP/s" for i in impls) + " | fa vs fastest peer |",
              "|" + "---|" * (6 + len(impls))]
     by_case: Dict[Case, Dict[str, Result]] = {}
     for r in results:

@@ -56,8 +56,8 @@ def _seed():
 # beside it as usual. Without xdist there is nothing to wait for.
 @pytest.fixture(autouse=True)
 def _gpu_memory_alone(request):
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or os.environ.get("PYTEST_XDIST_WORKER") and "run"
-    if not run or request.node.get_closest_marker("gpu_memory") is None:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # set in every xdist worker, unset otherwise
+    if run is None or request.node.get_closest_marker("gpu_memory") is None:
         yield
         return
     path = os.path.join(tempfile.gettempdir(), f"fa-tests-gpu-memory-{run}.lock")
