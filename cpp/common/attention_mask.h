@@ -1,57 +1,106 @@
 // Which scores a query row may see, as a policy plugged into the mainloop.
 //
-// Two reasons hide a score: its key lies past seqlen_k (the last key tile is partial), and, when
-// kCausal, its key lies after the row's diagonal. The diagonal is bottom-right aligned: query i
-// sees key j iff j <= i + (seqlen_k - seqlen_q), the usual lower triangle when the lengths match.
-// The mainloop applies the mask only to the few tiles that cross the diagonal or the end of the
-// keys (see first_masked_tile); all other tiles are fully visible and pay nothing.
+// Two reasons hide a score: its key lies past seqlen_k (the last key tile is partial), and, with
+// kLocal, its key lies outside the row's window around its diagonal. The diagonal is bottom-right
+// aligned: row i's diagonal key is i' = i + (seqlen_k - seqlen_q), and row i sees key j iff
+//   i' - left <= j <= i' + right
+// with the bounds (ForwardParams::window_left / window_right) read at run time: causal is
+// right = 0 with left unbounded; a sliding window (Mistral, Gemma, gpt-oss) bounds left too. The
+// kernels instantiated for causal (their kCausal parameter) take this mask with kLocal = true and
+// serve every such bound; the others take kLocal = false and see every key.
+//
+// The mainloops apply the mask only to the few key tiles that cross a row's bounds or the end of
+// the keys; the tiles of a query tile fall into three runs, from the last to the first:
+//   [first_masked_tile, visible_tiles)      cross the right bound (the diagonal) or the keys' end
+//   [left_masked_tiles, first_masked_tile)  fully visible: no mask
+//   [first_visible_tile, left_masked_tiles) cross the left bound (windows only)
+// and the tiles outside [first_visible_tile, visible_tiles) are never loaded.
 #pragma once
 
 #include <cute/tensor.hpp>
 
+#include "fa/params.h"
+
 namespace fa {
 
-template <bool kCausal>
+template <bool kLocal>
 struct AttentionMask {
+  // Row r sees the keys [r + lo, r + hi] below seqlen_k: lo = diagonal - left, hi = diagonal + right
+  // with diagonal = seqlen_k - seqlen_q. An unbounded side is clamped to where it stops hiding
+  // anything (left = seqlen_k: row 0 then sees key 0; right = seqlen_q: the last row sees the last
+  // key), and so is a bound past it, so that every sum below stays within seqlen_q + 2 · seqlen_k.
+  // Two values rather than the diagonal and both bounds: they stay in registers through the
+  // mainloops, where the D = 256 Hopper forward has none to spare.
   int seqlen_k;
-  int diagonal;  // seqlen_k - seqlen_q
+  int lo;
+  int hi;
 
-  CUTE_DEVICE AttentionMask(int seqlen_q, int seqlen_k_)
-      : seqlen_k(seqlen_k_), diagonal(seqlen_k_ - seqlen_q) {}
+  CUTE_DEVICE AttentionMask(int seqlen_q, int seqlen_k_, const ForwardParams& p)
+      : seqlen_k(seqlen_k_),
+        lo(seqlen_k_ - seqlen_q - (p.window_left < 0 ? seqlen_k_ : cute::min(p.window_left, seqlen_k_))),
+        hi(seqlen_k_ - seqlen_q + (p.window_right < 0 ? seqlen_q : cute::min(p.window_right, seqlen_q))) {}
 
-  // Causality at run time (the KV-cache kernels), on AttentionMask<true>: without it the diagonal
-  // moves past the last key (row i >= 0 sees keys up to i + seqlen_k), so only the end of the keys
-  // masks. (AttentionMask<false> never reads the diagonal.)
-  CUTE_DEVICE AttentionMask(int seqlen_q, int seqlen_k_, bool causal)
-      : seqlen_k(seqlen_k_), diagonal(causal ? seqlen_k_ - seqlen_q : seqlen_k_) {}
+  // The same mask with the keys counted from `keys` (a multiple of the key tile): key j here is
+  // key j + keys of this one, so that a mainloop may count its tiles from a window's first.
+  CUTE_DEVICE AttentionMask shifted(int keys) const {
+    AttentionMask m = *this;
+    m.seqlen_k -= keys;
+    m.lo -= keys;
+    m.hi -= keys;
+    return m;
+  }
 
-  // How many key tiles a query tile of rows [row_begin, row_end) sees at all.
+  // The end of the key tiles a query tile of rows [row_begin, row_end) sees at all.
   CUTE_DEVICE int visible_tiles(int row_end, int block_n) const {
-    const int keys = kCausal ? cute::min(seqlen_k, cute::max(0, row_end + diagonal)) : seqlen_k;
+    const int keys = kLocal ? cute::min(seqlen_k, cute::max(0, row_end + hi)) : seqlen_k;
     return (keys + block_n - 1) / block_n;
   }
 
-  // Key tiles [0, first_masked_tile) are complete and fully visible to every row of the tile that
-  // starts at row_begin; the tiles from there on need apply().
-  CUTE_DEVICE int first_masked_tile(int row_begin, int block_n) const {
-    const int full_tiles = seqlen_k / block_n;
-    if constexpr (!kCausal) return full_tiles;
-    // Tile n is fully visible to row r iff its last key n·block_n + block_n - 1 <= r + diagonal.
-    return cute::min(full_tiles, cute::max(0, (row_begin + diagonal + 1) / block_n));
+  // The first key tile the rows from row_begin see (the window's left bound; 0 without one). When
+  // it is at or past visible_tiles(), the rows see no key.
+  CUTE_DEVICE int first_visible_tile(int row_begin, int block_n) const {
+    if constexpr (!kLocal) return 0;
+    const int first_key = cute::max(0, row_begin + lo);
+    return first_key >= seqlen_k ? (seqlen_k + block_n - 1) / block_n : first_key / block_n;
   }
 
-  // The first query row that sees key `key` (with kCausal, row i sees key j iff i >= j - diagonal).
-  CUTE_DEVICE int first_row_seeing(int key) const { return kCausal ? cute::max(0, key - diagonal) : 0; }
+  // Key tiles [0, first_masked_tile) are complete and lie before the right bound of every row of
+  // the tile that starts at row_begin; the tiles from there on need apply().
+  CUTE_DEVICE int first_masked_tile(int row_begin, int block_n) const {
+    const int full_tiles = seqlen_k / block_n;
+    if constexpr (!kLocal) return full_tiles;
+    // Tile n is fully visible to row r iff its last key n·block_n + block_n - 1 <= r + hi.
+    return cute::min(full_tiles, cute::max(0, (row_begin + hi + 1) / block_n));
+  }
 
-  // Whether the tile of rows from row_begin × keys [key_begin, key_begin + block_n) needs apply():
-  // it runs past the last key or, with kCausal, its last key lies after its first row's diagonal.
-  CUTE_DEVICE bool tile_needs_mask(int row_begin, int key_begin, int block_n) const {
-    return key_begin + block_n > seqlen_k || (kCausal && key_begin + block_n - 1 > row_begin + diagonal);
+  // Key tiles [0, left_masked_tiles) hold keys that some row before row_end does not see by the
+  // left bound: they need apply() too (0 without a left bound).
+  CUTE_DEVICE int left_masked_tiles(int row_end, int block_n) const {
+    if constexpr (!kLocal) return 0;
+    // Tile n is fully visible to row r iff n·block_n >= r + lo; the last row binds.
+    const int first_key = row_end - 1 + lo;
+    return first_key <= 0 ? 0 : (first_key + block_n - 1) / block_n;
+  }
+
+  // The first query row that sees key `key` (with kLocal, row i sees key j only if i >= j - hi).
+  CUTE_DEVICE int first_row_seeing(int key) const { return kLocal ? cute::max(0, key - hi) : 0; }
+
+  // The end of the query rows that see a key before key_end (with kLocal, row i sees key j only if
+  // i <= j - lo); callers take the min with seqlen_q.
+  CUTE_DEVICE int rows_end_seeing(int key_end) const {
+    return kLocal ? cute::max(0, key_end - lo) : 0x7fffffff;
+  }
+
+  // Whether the tile of rows [row_begin, row_begin + block_m) × keys [key_begin, key_begin +
+  // block_n) needs apply(): it runs past the last key or, with kLocal, crosses a row's bound.
+  CUTE_DEVICE bool tile_needs_mask(int row_begin, int block_m, int key_begin, int block_n) const {
+    return key_begin + block_n > seqlen_k ||
+           (kLocal && (key_begin + block_n - 1 > row_begin + hi || key_begin < row_begin + block_m - 1 + lo));
   }
 
   // Whether query row `row` may not see key `key`.
   CUTE_DEVICE bool hides(int row, int key) const {
-    return key >= seqlen_k || (kCausal && key > row + diagonal);
+    return key >= seqlen_k || (kLocal && (key > row + hi || key < row + lo));
   }
 
   // scores: an accumulator tile; coords: the (row, key) coordinates of its elements within the
@@ -65,13 +114,16 @@ struct AttentionMask {
   }
 
   // The same on rows × columns views (each row of coords holds one query row): each row's first
-  // hidden key is found once, then each score costs one compare and one select. coords is an
-  // identity tensor partitioned for this thread: its element (r, c) is the thread's own origin
-  // (a runtime value) plus a compile-time offset (its layout). The columns are compared as those
-  // offsets, against the row's end minus the origin's column: written with the columns
-  // themselves, the compiler hoisted them out of the step loop and kept one register a column live
-  // through it (10 in the D = 256 backward, which spilled).
-  template <class Scores, class Coords>
+  // and last visible keys are found once, then each score costs two compares and one select.
+  // coords is an identity tensor partitioned for this thread: its element (r, c) is the thread's
+  // own origin (a runtime value) plus a compile-time offset (its layout). The columns are compared
+  // as those offsets, against the row's bounds minus the origin's column: written with the
+  // columns themselves, the compiler hoisted them out of the step loop and kept one register a
+  // column live through it (10 in the D = 256 backward, which spilled).
+  // kEnd / kBegin: whether to compare with the row's end (seqlen_k and the right bound) and its
+  // beginning (the left bound); a tile of the left run (common/attention_mask.h, above) is complete
+  // and before every row's right bound, so it needs kBegin alone.
+  template <bool kEnd = true, bool kBegin = kLocal, class Scores, class Coords>
   CUTE_DEVICE void apply_rows(Scores& scores, Coords const& coords, int row0, int key0) const {
     const int origin_col = cute::get<1>(coords(0, 0));
     const auto offset_col = [&](int r, int c) {
@@ -79,12 +131,21 @@ struct AttentionMask {
     };
     CUTE_UNROLL
     for (int r = 0; r < cute::size<0>(scores); ++r) {
-      int end = seqlen_k - key0;  // the row sees the tile's columns [0, end)
-      if constexpr (kCausal) end = cute::min(end, row0 + cute::get<0>(coords(r, 0)) + diagonal + 1 - key0);
+      int end = seqlen_k - key0;  // the row sees the tile's columns [begin, end)
+      int begin = 0;
+      if constexpr (kLocal) {
+        const int row = row0 + cute::get<0>(coords(r, 0)) - key0;
+        end = cute::min(end, row + hi + 1);
+        begin = row + lo;
+      }
       end -= origin_col;
+      begin -= origin_col;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); ++c) {
-        if (offset_col(r, c) >= end) scores(r, c) = -INFINITY;
+        bool hidden = false;
+        if constexpr (kEnd) hidden = offset_col(r, c) >= end;
+        if constexpr (kLocal && kBegin) hidden = hidden || offset_col(r, c) < begin;
+        if (hidden) scores(r, c) = -INFINITY;
       }
     }
   }

@@ -111,13 +111,33 @@ struct OnlineSoftmax {
   // A row that saw no key (sum 0) gets output 0 and lse -inf.
   template <class AccO>
   CUTE_DEVICE void finalize(AccO& acc_o, float scale, float (&lse)[kRows]) {
+    float sinks[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) sinks[r] = -INFINITY;
+    finalize(acc_o, scale, lse, sinks);
+  }
+
+  // The same with a sink logit for each row (natural log, the scale already applied; -inf: none):
+  // exp(sink) joins the row's denominator as a key without a value, and its lse. A row that saw
+  // no key then gets output 0 and lse = its sink.
+  template <class AccO>
+  CUTE_DEVICE void finalize(AccO& acc_o, float scale, float (&lse)[kRows], const float (&sinks)[kRows]) {
     using namespace cute;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const float sum = quad_allreduce(row_sum[r], SumOp{});
+      float sum = quad_allreduce(row_sum[r], SumOp{});
+      float max_scaled = sum > 0.f ? row_max[r] * scale : -INFINITY;  // natural-log units
+      float out_factor = 1.f;
+      if (sinks[r] != -INFINITY) {
+        // Both terms relative to the larger of the row's max and the sink: neither overflows.
+        const float top = fmaxf(max_scaled, sinks[r]);
+        out_factor = sum > 0.f ? __expf(max_scaled - top) : 0.f;
+        sum = sum * out_factor + __expf(sinks[r] - top);
+        max_scaled = top;
+      }
       const bool seen = sum > 0.f;
-      const float inv_sum = seen ? 1.f / sum : 0.f;
-      lse[r] = seen ? row_max[r] * scale + __logf(sum) : -INFINITY;
+      const float inv_sum = seen ? out_factor / sum : 0.f;
+      lse[r] = seen ? max_scaled + __logf(sum) : -INFINITY;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= inv_sum;
     }

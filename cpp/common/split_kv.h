@@ -3,7 +3,8 @@
 // Split s of a row saw keys K_s and wrote O_s = Σ_{j∈K_s} exp(x_j - lse_s) v_j (normalised) and
 // lse_s = log Σ_{j∈K_s} exp(x_j). Then lse = log Σ_s exp(lse_s) and O = Σ_s exp(lse_s - lse) O_s:
 // exact, whatever the split. A split that saw no key (lse_s = -inf) weighs 0; a row no split saw a
-// key for gets output 0 and lse -inf, as everywhere.
+// key for gets output 0 and lse -inf, as everywhere. A sink (ForwardParams::sinks) joins here
+// alone, as one more term of lse without a value: the splits leave it out.
 #pragma once
 
 #include <cstdint>
@@ -39,11 +40,13 @@ __global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const _
 
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
-    float max_lse = -INFINITY;
+    const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;
+    float max_lse = sink;
     for (int s = lane; s < p.num_splits; s += 32) max_lse = fmaxf(max_lse, p.lse_accum[s * split_stride + r]);
     for (int offset = 16; offset > 0; offset /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
     float sum = 0.f;
     if (max_lse != -INFINITY) {
+      if (lane == 0) sum = expf(sink - max_lse);
       for (int s = lane; s < p.num_splits; s += 32) sum += expf(p.lse_accum[s * split_stride + r] - max_lse);
     }
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);

@@ -67,10 +67,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const Sequence seq = Sequence::of(params, batch);
   const int keys_left = seq.seqlen_k - key_begin;
   if (keys_left <= 0) return;  // varlen: the grid covers the longest sequence
-  const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+  const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, params);
 
   // The query tiles that see these keys.
-  const int m_end = (seq.seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_end = (min(seq.seqlen_q, mask.rows_end_seeing(key_begin + kBlockN)) + kBlockM - 1) / kBlockM;
   const int m_begin = mask.first_row_seeing(key_begin) / kBlockM;
   const int m_tiles = max(0, m_end - m_begin);
   const int steps = m_tiles * group;
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     clear(acc_s);
     gemm_smem_smem(acc_s, tSrQ, thr_copy_a_sdp.retile_D(tSrQ), thr_copy_a_sdp.partition_S(sQ(stage)), copy_a_sdp,
                    tSrK, thr_copy_b_sdp.retile_D(tSrK), tSsK, copy_b_sdp, mma_sdp);
-    if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) mask.apply(acc_s, tScS, row_begin, key_begin);
+    if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) mask.apply(acc_s, tScS, row_begin, key_begin);
     Tensor probs = rowcol_view(acc_s);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {

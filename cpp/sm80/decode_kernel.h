@@ -44,7 +44,8 @@
 
 namespace fa::sm80 {
 
-// Causal masking (bottom-right, over the positions) when params.causal.
+// The mask (causal or a window, bottom-right aligned over the positions; or none) is read at run
+// time (common/attention_mask.h).
 template <class Config>
 __global__ void __launch_bounds__(Config::kThreads)
     decode_kernel(const __grid_constant__ ForwardParams params) {
@@ -70,14 +71,16 @@ __global__ void __launch_bounds__(Config::kThreads)
                                       seq.seqlen_q, int(blockIdx.x) * kRows};
   const int rows_left = tile_rows.group * seq.seqlen_q - tile_rows.row_begin;
 
-  const AttentionMask<true> mask(seq.seqlen_q, seq.seqlen_k, params.causal);
-  // The tile holds every position, so it sees the keys the last one sees; this CTA walks the key
-  // tiles [tile_begin, tile_end), all of them or its split's share. A CTA with none still runs the
-  // merge: its rows get output 0 and lse -inf.
-  const int n_tiles = mask.visible_tiles(seq.seqlen_q, kBlockN);
+  const AttentionMask<true> mask(seq.seqlen_q, seq.seqlen_k, params);
+  // The tile holds every position, so it sees the keys from the first position's first (a window's
+  // left bound) to the last one's last; this CTA walks the key tiles [tile_begin, tile_end), all
+  // of them or its split's share. A CTA with none still runs the merge: its rows get output 0 and
+  // lse -inf (or their sink's logit).
+  const int window_begin = mask.first_visible_tile(0, kBlockN);
+  const int n_tiles = max(0, mask.visible_tiles(seq.seqlen_q, kBlockN) - window_begin);
   const int per_split = (n_tiles + params.num_splits - 1) / params.num_splits;
-  const int tile_begin = min(n_tiles, split * per_split);
-  const int tile_end = min(n_tiles, tile_begin + per_split);
+  const int tile_begin = window_begin + min(n_tiles, split * per_split);
+  const int tile_end = min(window_begin + n_tiles, tile_begin + per_split);
 
   // Shared memory: the query rows, then each warp's kStages K buffers and kStages V buffers.
   constexpr int kKVElems = Config::kKVBytes / int(sizeof(Element));
@@ -221,10 +224,13 @@ __global__ void __launch_bounds__(Config::kThreads)
     gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), pick(stage, tOsVt), smem_copy_v, mma);
   };
 
-  // The tile may hold position 0, which sees the fewest keys.
+  // The tile may hold position 0, which sees the fewest keys, and the last position, which a left
+  // bound hides the most keys from: the three runs of common/attention_mask.h.
   const int first_masked = mask.first_masked_tile(0, kBlockN);
+  const int left_masked = mask.left_masked_tiles(seq.seqlen_q, kBlockN);
   for (; n >= max(first_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
-  for (; n >= tile_begin; --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage); });
+  for (; n >= max(left_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage); });
+  for (; n >= tile_begin; --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
 
   // Merge: each warp's normalised output and lse into shared memory, over the K/V buffers.
   constexpr int kThreadRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
@@ -254,10 +260,13 @@ __global__ void __launch_bounds__(Config::kThreads)
   for (int i = tid; i < kRows * kChunks; i += Config::kThreads) {
     const int row = i / kChunks, col = i % kChunks * 8;
     if (row >= rows_left || col >= params.head_dim) continue;
-    float lse_max = -INFINITY;
+    // A sink joins here, as one more term without a value (a split's partial result leaves it to
+    // the combine).
+    const float sink = params.sinks != nullptr && !to_accum ? params.sinks[tile_rows.head_of(row)] : -INFINITY;
+    float lse_max = sink;
     CUTE_UNROLL
     for (int w = 0; w < kWarps; ++w) lse_max = fmaxf(lse_max, merge_lse[w * kRows + row]);
-    float sum = 0.f;
+    float sum = lse_max == -INFINITY ? 0.f : __expf(sink - lse_max);
     CUTE_UNROLL
     for (int w = 0; w < kWarps; ++w) sum += lse_max == -INFINITY ? 0.f : __expf(merge_lse[w * kRows + row] - lse_max);
     // exp(-inf) = 0: a warp that saw no key of the row weighs nothing; with none at all, all do.

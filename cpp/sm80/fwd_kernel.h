@@ -49,13 +49,13 @@ namespace fa::sm80 {
 
 // kDecode: the KV-cache variant (fa.forward_kvcache): keys through a page table when
 // params.page_table is set, split-KV (params.num_splits > 1: this CTA walks one share of the key
-// tiles and writes fp32 partial results for common/split_kv.h to combine), and causality at run
-// time (params.causal), so it is instantiated with kCausal = true alone.
+// tiles and writes fp32 partial results for common/split_kv.h to combine), and its mask (causal,
+// window or none) entirely at run time, so it is instantiated with kCausal = true alone.
 template <class Config, bool kCausal, bool kDecode = false>
 __global__ void __launch_bounds__(Config::kThreads)
     forward_kernel(const __grid_constant__ ForwardParams params) {
   using namespace cute;
-  static_assert(kCausal || !kDecode, "the KV-cache variant's mask takes params.causal: instantiate it causal");
+  static_assert(kCausal || !kDecode, "the KV-cache variant's mask is read at run time: instantiate it causal");
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM;
   constexpr int kBlockN = Config::kBlockN;
@@ -80,22 +80,30 @@ __global__ void __launch_bounds__(Config::kThreads)
   const Sequence seq = Sequence::of(params, batch);
   // Rows of this tile inside the query (kDecode: inside the packed rows).
   const int rows_left = (kDecode ? group * seq.seqlen_q : seq.seqlen_q) - row_begin;
+  const bool to_accum = kDecode && params.num_splits > 1;
   if (rows_left <= 0) return;  // varlen: the grid covers the longest sequence
   // kDecode: the packed rows' heads, positions and addresses (decode_rows.h).
   const DecodeRows<Element> rows{params, batch, head_kv, split, group, seq.seqlen_q, row_begin};
 
-  const AttentionMask<kCausal> mask = kDecode ? AttentionMask<kCausal>(seq.seqlen_q, seq.seqlen_k, params.causal)
-                                               : AttentionMask<kCausal>(seq.seqlen_q, seq.seqlen_k);
-  // kDecode: a tile may hold every position, so it sees the keys the last one sees.
-  const int n_tiles = mask.visible_tiles(kDecode ? seq.seqlen_q : min(row_begin + kBlockM, seq.seqlen_q), kBlockN);
+  const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, params);
+  // kDecode: a tile may hold every position, so it sees the keys from the first position's first
+  // to the last one's last.
+  const int row_end = kDecode ? seq.seqlen_q : min(row_begin + kBlockM, seq.seqlen_q);
+  const int window_begin = mask.first_visible_tile(kDecode ? 0 : row_begin, kBlockN);
+  const int window_end = mask.visible_tiles(row_end, kBlockN);
+  const int n_tiles = max(0, window_end - window_begin);
   // This CTA's key tiles [tile_begin, tile_end): all of them, or its split's share.
-  int tile_begin = 0, tile_end = n_tiles;
+  int tile_begin = window_begin, tile_end = window_begin + n_tiles;
   if constexpr (kDecode) {
     const int per_split = (n_tiles + params.num_splits - 1) / params.num_splits;
-    tile_begin = min(n_tiles, split * per_split);
-    tile_end = min(n_tiles, tile_begin + per_split);
+    tile_begin = window_begin + min(n_tiles, split * per_split);
+    tile_end = min(window_begin + n_tiles, tile_begin + per_split);
   }
-  const bool to_accum = kDecode && params.num_splits > 1;
+  // Sinks (a split's partial result leaves them to the combine): each row's head's logit.
+  auto sink_of_row = [&](int r) {
+    if (params.sinks == nullptr || to_accum) return -INFINITY;
+    return params.sinks[kDecode ? rows.head_of(r) : head];
+  };
   auto q_row = [&](int r) { return rows.q_row(r); };
   auto out_row = [&](int r) { return rows.out_row(r); };
 
@@ -139,12 +147,12 @@ __global__ void __launch_bounds__(Config::kThreads)
     clear(zeros);
     if constexpr (kDecode) {
       store_rows_predicated(gmem_copy_o, zeros, out_row, tOcO, col_ok, rows_left);
-      for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) rows.lse_at(r) = -INFINITY;
+      for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) rows.lse_at(r) = sink_of_row(r);
     } else {
       store_tile_predicated(gmem_copy_o, zeros, gmem_thr_o.partition_D(output_tile()), tOcO, col_ok,
                             rows_left);
       float* lse = lse_rows();
-      for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) lse[r] = -INFINITY;
+      for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) lse[r] = sink_of_row(r);
     }
     return;
   }
@@ -322,10 +330,13 @@ __global__ void __launch_bounds__(Config::kThreads)
                    smem_copy_v, mma);
   };
 
-  // kDecode: the tile may hold position 0, which sees the fewest keys.
+  // kDecode: the tile may hold position 0, which sees the fewest keys, and its last position, which
+  // a left bound hides the most keys from. The three runs of common/attention_mask.h.
   const int first_masked = mask.first_masked_tile(kDecode ? 0 : row_begin, kBlockN);
+  const int left_masked = mask.left_masked_tiles(row_end, kBlockN);
   for (; n >= max(first_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
-  for (; n >= tile_begin; --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage); });
+  for (; n >= max(left_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage); });
+  for (; n >= tile_begin; --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
   // With one barrier a step, another warp may still be reading Q in the last step's S = Q Kᵀ.
   if constexpr (kStages >= 2) __syncthreads();
 
@@ -333,9 +344,12 @@ __global__ void __launch_bounds__(Config::kThreads)
   constexpr int kRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
   float row_lse[kRows];
   auto out_rows = rowcol_view(acc_o);
-  softmax.finalize(out_rows, params.scale, row_lse);
-
   Tensor acc_coords = rowcol_view(thr_mma.partition_C(make_identity_tensor(QTile{})));
+  float row_sinks[kRows];
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) row_sinks[r] = sink_of_row(min(get<0>(acc_coords(r, 0)), rows_left - 1));
+  softmax.finalize(out_rows, params.scale, row_lse, row_sinks);
+
   if (to_accum) {  // split-KV: this split's normalised output and lse, in fp32
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {

@@ -2,8 +2,8 @@
 // and tile serve a call, by the query rows a kv head's group has and the shared memory the device
 // allows. It is the Ampere family's on every GPU (decoding is bound by memory bandwidth).
 //
-// Causality is a run-time parameter here (params.causal; common/attention_mask.h): one
-// instantiation per dtype and head dim serves both, in a translation unit of its own
+// The mask (causal, a window, or none) is a run-time parameter here (params.window_left/right;
+// common/attention_mask.h): one instantiation per dtype and head dim serves all, in a translation unit of its own
 // (cmake/FaKernels.cmake). Compiled once a causal choice inside the forward's units, these five
 // kernels took about a quarter of a full build's compile time (docs/tried.md, 2289563).
 #pragma once
@@ -103,8 +103,8 @@ cudaError_t run_forward_kvcache(const ForwardParams& params, cudaStream_t stream
     using Rows32 = DecodeConfigFor<Element, kHeadDim, 32>;
     if (rows <= 32 && Rows32::kSmemBytes <= smem) return launch_decode<Rows32>(params, stream);
   }
-  // The 64-row tile: forward_kernel's KV-cache variant, instantiated causal (its mask reads
-  // params.causal).
+  // The 64-row tile: forward_kernel's KV-cache variant, instantiated causal (its mask reads the
+  // window bounds).
   using Tile = DecodeTile<kHeadDim>;
   using Config = ForwardConfig<Element, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kWarps, Tile::kStages>;
   if (Config::kSmemBytes <= smem) return launch_forward<Config, true, true>(params, stream);

@@ -141,7 +141,7 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
     // Varlen: the order covers the longest sequence's keys; a key tile past this one's has no work.
     if (n_block * kBlockN >= seq.seqlen_k) continue;
     const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv);
-    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
     const int key_begin = n_block * kBlockN;
     Tensor acc_dk = partition_fragment_C(mma_dkv, typename Config::TileKV{});
     Tensor acc_dv = partition_fragment_C(mma_dkv, typename Config::TileKV{});
@@ -208,7 +208,7 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       // The previous step's dK (issued before this Sᵀ, and wgmma groups complete in order) is done:
       // its Q buffer may take the next load.
       if (kDkIntoNextStep && t > 0) release_q();
-      if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) {
+      if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) {
         mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
       }
       auto probs = rowcol_view(acc_s);

@@ -89,14 +89,14 @@ struct BackwardTileHandoff {
 template <int kBlockM, int kBlockN, bool kCausal>
 struct BackwardSteps {
   int m_begin;  // first query tile that sees a key of the tile
-  int m_tiles;  // query tiles from there to the end
+  int m_tiles;  // query tiles from there to the last that sees one (a window's left bound)
   int head0;    // first query head of the group
   int count;    // m_tiles · group
   int rotate;   // the first step's query tile, from m_begin
 
   CUTE_DEVICE BackwardSteps(const BackwardParams& p, const Sequence& seq, int n_block, int head_kv) {
-    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
-    const int m_end = (seq.seqlen_q + kBlockM - 1) / kBlockM;
+    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
+    const int m_end = (cute::min(seq.seqlen_q, mask.rows_end_seeing((n_block + 1) * kBlockN)) + kBlockM - 1) / kBlockM;
     m_begin = cute::min(mask.first_row_seeing(n_block * kBlockN) / kBlockM, m_end);
     m_tiles = m_end - m_begin;
     const int group = p.heads_q / p.heads_kv;

@@ -126,7 +126,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
     const Sequence seq = Sequence::of(p, batch);
     if (n_block * kBlockN >= seq.seqlen_k) continue;  // varlen: past this sequence's keys
     const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv);
-    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
     const int key_begin = n_block * kBlockN;
     Tensor acc_dk = partition_fragment_C(mma_dkv, typename Config::TileKVt{});  // head dim × keys
     Tensor acc_dv = partition_fragment_C(mma_dkv, typename Config::TileKVt{});
@@ -173,7 +173,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       // past seqlen_q: P = 0); masked: keys past seqlen_k and, causal, after a row's diagonal.
       gemm_wait<1>(acc_s);
       auto probs = rowcol_view(acc_s);
-      if (mask.tile_needs_mask(row_begin, key_begin, kBlockN)) {
+      if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) {
         mask.apply_rows(probs, score_coords, row_begin, key_begin);
       }
       CUTE_UNROLL

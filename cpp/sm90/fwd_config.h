@@ -129,10 +129,15 @@ struct ForwardConfig {
     if (row_begin >= seqlen_q) return 0;
     return mask.visible_tiles(cute::min(row_begin + rows, seqlen_q), kBlockN);
   }
-  // Key tiles the query tile m_block sees; the producer and the consumers both count them.
+  // The key tiles [first_key_tile, key_tiles) the query tile m_block sees (none when the first is
+  // not below the end); the producer and the consumers both count them.
   template <class Mask>
   CUTE_DEVICE static int key_tiles(const Mask& mask, int seqlen_q, int m_block) {
     return key_tiles_of_rows(mask, seqlen_q, m_block * kBlockM, kBlockM);
+  }
+  template <class Mask>
+  CUTE_DEVICE static int first_key_tile(const Mask& mask, int m_block) {
+    return mask.first_visible_tile(m_block * kBlockM, kBlockN);
   }
 
   CUTE_DEVICE static Element* query_buffer(SharedStorage& s, int stage) {

@@ -106,7 +106,7 @@ struct ForwardEpilogue {
     using namespace cute;
     float row_lse[kRows];
     CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) row_lse[r] = -INFINITY;
+    for (int r = 0; r < kRows; ++r) row_lse[r] = p.sinks != nullptr ? p.sinks[w.head] : -INFINITY;
     store_lse(p, seq, mma_tid, w, row_lse);
     auto coords = output_coords(mma_tid);
     const int rows_left = seq.seqlen_q - w.m_block * kBlockM;

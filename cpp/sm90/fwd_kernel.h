@@ -95,9 +95,10 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
     const WorkTile w = TileScheduler::tile(params.scheduler, t);
     const Sequence seq = Sequence::of(p, w.batch);
     if (w.m_block * Config::kBlockM >= seq.seqlen_q) continue;  // varlen: past this sequence's rows
-    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
+    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
+    const int n_begin = Config::first_key_tile(mask, w.m_block);
     const int n_blocks = Config::key_tiles(mask, seq.seqlen_q, w.m_block);
-    if (n_blocks == 0) {
+    if (n_blocks <= n_begin) {  // no row sees a key (the producer loads nothing either)
       Epilogue::template store_empty<kRows>(p, seq, mma_tid, w);
       continue;
     }
@@ -108,11 +109,18 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
     const int q_stage = q_loads % Config::kQStages;
     cutlass::arch::ClusterBarrier::wait(&smem.q_full[q_stage], (q_loads++ / Config::kQStages) & 1);
     OnlineSoftmax<kRows> softmax;
-    Mainloop::run(p, smem, q_stage, pipeline_k, pipeline_v, k_state, v_state, turns, tid, w, mask,
-                  n_blocks, Mainloop::own_blocks(mask, seq.seqlen_q, w.m_block), acc_o, softmax, params.pair);
-    float row_lse[kRows];
+    // The mainloop counts the key tiles from n_begin (ptxas spilled at D = 256 with n_begin kept
+    // through the loop beside its bounds; docs/tried.md).
+    int own_blocks = Mainloop::own_blocks(mask, seq.seqlen_q, w.m_block);
+    if constexpr (kCausal) own_blocks = max(0, own_blocks - n_begin);
+    Mainloop::run(p, smem, q_stage, pipeline_k, pipeline_v, k_state, v_state, turns, tid, w,
+                  mask.shifted(n_begin * Config::kBlockN), n_blocks - n_begin, own_blocks, acc_o, softmax,
+                  params.pair);
+    float row_lse[kRows], row_sinks[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) row_sinks[r] = p.sinks != nullptr ? p.sinks[w.head] : -INFINITY;
     auto out_rows = rowcol_view(acc_o);
-    softmax.finalize(out_rows, p.scale, row_lse);
+    softmax.finalize(out_rows, p.scale, row_lse, row_sinks);
     Epilogue::store(params, smem, tid, w, seq, acc_o, row_lse);
   }
   Epilogue::finish(mma_tid);

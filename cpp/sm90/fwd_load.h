@@ -57,7 +57,7 @@ struct ForwardLoad {
     // non-causal only) loads each tile half by half, each CTA's half into both CTAs' buffers
     // (multicast: `mask...` is the pair's CTA mask); a buffer is refilled once both CTAs'
     // consumers are done with it (the pipelines count both).
-    auto stream_kv = [&](int n_blocks, auto const& tma_k, auto const& tKgK, auto& tKsK, auto const& tma_v,
+    auto stream_kv = [&](int n_begin, int n_blocks, auto const& tma_k, auto const& tKgK, auto& tKsK, auto const& tma_v,
                          auto const& tVgV, auto& tVsV, auto... mask) {
       auto load = [&](KVPipeline& pipeline, auto& state, auto const& tma, auto const& src, auto& dst) {
         pipeline.producer_acquire(state);
@@ -66,20 +66,23 @@ struct ForwardLoad {
       };
       int n = n_blocks - 1;
       load(pipeline_k, k_state, tma_k, tKgK(_, n), tKsK);
-      for (; n > 0; --n) {
+      for (; n > n_begin; --n) {
         load(pipeline_k, k_state, tma_k, tKgK(_, n - 1), tKsK);
         load(pipeline_v, v_state, tma_v, tVgV(_, n), tVsV);
       }
-      load(pipeline_v, v_state, tma_v, tVgV(_, 0), tVsV);
+      load(pipeline_v, v_state, tma_v, tVgV(_, n_begin), tVsV);
     };
 
     int q_loads = 0;
     for (int t = blockIdx.x, handed = 0; t < params.scheduler.total; ++handed) {
       const WorkTile w = TileScheduler::tile(params.scheduler, t);
       const Sequence seq = Sequence::of(p, w.batch);
-      const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k);
-      // 0 past this sequence's rows (varlen: the order covers the longest): nothing to do.
-      const int n_blocks = Config::key_tiles(mask, seq.seqlen_q, w.m_block);
+      const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
+      // 0 past this sequence's rows (varlen: the order covers the longest), or where a window
+      // leaves the tile no key: nothing to do.
+      const int n_begin = Config::first_key_tile(mask, w.m_block);
+      const int n_blocks = n_begin < Config::key_tiles(mask, seq.seqlen_q, w.m_block)
+                               ? Config::key_tiles(mask, seq.seqlen_q, w.m_block) : 0;
       // The next tile is known as soon as this one's loads are issued (the consumers take it
       // from the hand-over when they finish this one).
       // With dynamic scheduling the tiles past their sequences are skipped here, so the consumers
@@ -131,12 +134,12 @@ struct ForwardLoad {
                                               group_modes<0, 2>(gK));
           auto [tVgV2, tVsV2] = tma_partition(params.tma_v_pair, rank, Layout<_2>{}, group_modes<0, 2>(sV),
                                               group_modes<0, 2>(gV));
-          stream_kv(n_blocks, params.tma_k_pair, tKgK2, tKsK2, params.tma_v_pair, tVgV2, tVsV2, uint16_t(0b11));
+          stream_kv(n_begin, n_blocks, params.tma_k_pair, tKgK2, tKsK2, params.tma_v_pair, tVgV2, tVsV2, uint16_t(0b11));
           advance();
           continue;
         }
       }
-      stream_kv(n_blocks, params.tma_k, tKgK, tKsK, params.tma_v, tVgV, tVsV);
+      stream_kv(n_begin, n_blocks, params.tma_k, tKgK, tKsK, params.tma_v, tVgV, tVsV);
       advance();
     }
     if constexpr (!kCausal && Config::kPairs) {

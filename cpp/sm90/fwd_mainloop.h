@@ -33,6 +33,7 @@ struct ForwardMainloop {
   using PipelineState = typename KVPipeline::PipelineState;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
+  enum : int { kUnmasked, kMasked, kLeftMasked };  // a key tile's mask (softmax_of)
 
   // The first of this consumer warpgroup's 64 rows, within the tile. Read through
   // canonical_warp_group_idx() (a warp shuffle), which the compiler knows to be warp-uniform: the
@@ -50,6 +51,8 @@ struct ForwardMainloop {
   }
 
   // Runs the key tiles [0, n_blocks) of work tile w into acc_o (cleared here) and softmax (fresh).
+  // The tiles are counted from the first the work tile sees (a window's left bound: the caller
+  // passes n_blocks, own_blocks and the mask shifted by its first tile, AttentionMask::shifted).
   // Q must be in shared memory, in buffer q_stage (the caller waited on its q_full). This
   // warpgroup computes only the tiles [0, own_blocks) its own 64 rows see (own_blocks(), above);
   // it takes its turn for the others and hands their buffers back unread.
@@ -90,14 +93,21 @@ struct ForwardMainloop {
     Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(acc_s.layout()));
 
     const int row0 = w.m_block * kBlockM;
+    // The three runs of common/attention_mask.h, for this warpgroup's rows.
     const int first_masked = mask.first_masked_tile(row0 + warpgroup_row(), kBlockN);
-    // The softmax of S = Q K[n]ᵀ in acc_s (masked: true_type where the tile needs the mask), in
+    auto left_masked = [&] { return mask.left_masked_tiles(row0 + warpgroup_row() + 64, kBlockN); };
+    // The softmax of S = Q K[n]ᵀ in acc_s (masked: kMasked where the tile needs the mask, kLeftMasked
+    // where it needs only the left bound's: the left run of common/attention_mask.h), in
     // place: the new row maxima and the probabilities of the first first_rows rows (all by default;
     // OnlineSoftmax::rescale_scores_other_rows does the others).
     auto softmax_of = [&](int n, auto masked, auto first_rows) {
       constexpr int kFirstRows = decltype(first_rows)::value;
       auto scores = rowcol_view(acc_s);
-      if constexpr (decltype(masked)::value) mask.apply_rows(scores, rowcol_view(tScS), row0, n * kBlockN);
+      if constexpr (decltype(masked)::value == kMasked) {
+        mask.apply_rows(scores, rowcol_view(tScS), row0, n * kBlockN);
+      } else if constexpr (decltype(masked)::value == kLeftMasked) {
+        mask.template apply_rows</*kEnd=*/false, /*kBegin=*/true>(scores, rowcol_view(tScS), row0, n * kBlockN);
+      }
       softmax.template rescale_scores<kFirstRows>(scores, p.scale_log2);
     };
     using AllRows = cute::Int<Softmax::kRowCount>;
@@ -157,10 +167,10 @@ struct ForwardMainloop {
     gemm_wait<0>(acc_s);
     release(pipeline_k, smem.pipeline_k, k_state);
     if (own_blocks < n_blocks) release_unread_v();  // V[own_blocks], loaded after K[own_blocks - 1]
-    if (n >= first_masked) {
-      softmax_of(n, cute::true_type{}, AllRows{});
+    if (n >= first_masked || n < left_masked()) {
+      softmax_of(n, cute::Int<kMasked>{}, AllRows{});
     } else {
-      softmax_of(n, cute::false_type{}, AllRows{});
+      softmax_of(n, cute::Int<kUnmasked>{}, AllRows{});
     }
     probs = convert_fragment<Element>(acc_s);
 
@@ -208,8 +218,17 @@ struct ForwardMainloop {
       auto out_rows = rowcol_view(acc_o);
       softmax.rescale_output(out_rows);
     };
-    for (--n; n >= first_masked; --n) step(n, cute::true_type{});
-    for (; n >= 0; --n) step(n, cute::false_type{});
+    // The runs of common/attention_mask.h (where left_masked > first_masked, a narrow window, the
+    // unmasked run is empty). The left run needs a mask with a position (kCausal) only.
+    // The unmasked steps need no tile index: that run is counted down instead, so that neither the
+    // index nor the left run's bound is held through it (the D = 256 causal forward spilled them).
+    for (--n; n >= first_masked; --n) step(n, cute::Int<kMasked>{});
+    int unmasked = n + 1 - left_masked();
+#pragma unroll 1
+    for (; unmasked > 0; --unmasked) step(0, cute::Int<kUnmasked>{});
+    if constexpr (kCausal) {
+      for (n = cute::min(n, left_masked() - 1); n >= 0; --n) step(n, cute::Int<kLeftMasked>{});
+    }
     done_with_query();
     o_gemm();
     gemm_wait<0>(acc_o);

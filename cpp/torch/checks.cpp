@@ -252,6 +252,36 @@ VarlenShape check_varlen_backward_inputs(const Tensor& dout, const Tensor& q, co
   return s;
 }
 
+Variant check_variant(const char* op, bool causal, int64_t window_left, int64_t window_right, double softcap,
+                      const std::optional<Tensor>& sinks, const Tensor& q, int64_t heads_q) {
+  FA_CHECK(window_left >= -1 && window_right >= -1, op, ": window_size = (", str_of(window_left), ", ",
+           str_of(window_right), "): each bound must be -1 (unbounded) or >= 0");
+  FA_CHECK(!causal || window_right <= 0, op, ": causal=True sees no key after the diagonal, so window_size[1] ",
+           "(window_right) must be -1 or 0 with it, got ", str_of(window_right));
+  FA_CHECK(std::isfinite(softcap) && softcap >= 0, op, ": softcap must be a finite number >= 0 (0: none), got ",
+           str_of(softcap));
+  Variant v;
+  v.window_left = window_left;
+  v.window_right = causal ? 0 : window_right;
+  v.softcap = softcap;
+  if (sinks) {
+    const Tensor& t = *sinks;
+    FA_CHECK(t.defined() && t.scalar_type() == ScalarType::Float, op, ": sinks must be float32, got ",
+             t.defined() ? dtype_name(t.scalar_type()) : std::string("an undefined tensor"));
+    FA_CHECK(t.dim() == 1 && t.size(0) == heads_q, op, ": sinks must be 1-D (heads_q,) = (", str_of(heads_q),
+             ",), one logit a query head, got shape ", shape_of(t));
+    FA_CHECK(same_device(t, q), op, ": sinks is on ", device_name(t), " but q is on ", device_name(q));
+    if (t.size(0) > 1 && t.stride(0) != 1) {
+      Tensor dense = torch::stable::new_empty(t, t.sizes());
+      torch::stable::copy_(dense, t);
+      v.sinks = dense;
+    } else {
+      v.sinks = t;
+    }
+  }
+  return v;
+}
+
 float resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim) {
   if (!softmax_scale.has_value()) {
     return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));

@@ -64,6 +64,27 @@ KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const 
                                   const Tensor& cache_seqlens, const std::optional<Tensor>& page_table,
                                   int64_t num_splits);
 
+// The attention variants every op takes beside causal: a sliding window, logit soft-capping and
+// per-head sink logits (FlashAttention's window_size and softcap conventions).
+struct Variant {
+  // Query i sees key j iff i' - window_left <= j <= i' + window_right, i' = i + Sk - Sq (bottom-right
+  // aligned, as causal); -1: unbounded on that side. causal is window_right = 0.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  double softcap = 0.0;          // > 0: scores become softcap · tanh(scores · scale / softcap)
+  std::optional<Tensor> sinks;   // float32 (Hq,), stride 1: one logit a query head in every row's denominator
+
+  // Whether a key's visibility depends on the query's position (causal or a window): the kernels
+  // instantiated for causal serve every such mask, with the bounds at run time.
+  bool local() const { return window_left >= 0 || window_right >= 0; }
+};
+
+// Checks and normalises the variant arguments of `op`: window bounds -1 or >= 0 (causal with
+// window_right -1 or 0, which it becomes), softcap finite and >= 0, sinks float32 (heads_q,) on
+// q's device (made stride 1).
+Variant check_variant(const char* op, bool causal, int64_t window_left, int64_t window_right, double softcap,
+                      const std::optional<Tensor>& sinks, const Tensor& q, int64_t heads_q);
+
 // softmax_scale, or 1/sqrt(head_dim) when it is None.
 float resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim);
 

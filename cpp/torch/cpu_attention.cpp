@@ -91,16 +91,28 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-// Causal, bottom-right aligned: query i sees keys [0, i + Sk - Sq]; the end of that range.
-int64_t visible_keys(const AttentionShape& s, bool causal, int64_t query) {
-  if (!causal) return s.seqlen_k;
-  return std::clamp<int64_t>(query + s.seqlen_k - s.seqlen_q + 1, 0, s.seqlen_k);
+// The keys [begin, end) query i sees: all of them, or (causal or a window) those within its bounds
+// around the bottom-right aligned diagonal i + Sk - Sq. Empty when end <= begin.
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+  bool holds(int64_t j) const { return j >= begin && j < end; }
+};
+
+KeyRange visible_keys(const AttentionShape& s, const Variant& v, int64_t query) {
+  const int64_t diagonal = query + s.seqlen_k - s.seqlen_q;
+  KeyRange r{0, s.seqlen_k};
+  if (v.window_left >= 0) r.begin = std::clamp<int64_t>(diagonal - v.window_left, 0, s.seqlen_k);
+  if (v.window_right >= 0) r.end = std::clamp<int64_t>(diagonal + v.window_right + 1, 0, s.seqlen_k);
+  return r;
 }
 
-// The first query that sees key j (Sq when none does).
-int64_t first_query_seeing(const AttentionShape& s, bool causal, int64_t key) {
-  if (!causal) return 0;
-  return std::clamp<int64_t>(key - (s.seqlen_k - s.seqlen_q), 0, s.seqlen_q);
+// A score (q · k · scale), soft-capped where the variant says so; tanh_out: the tanh it took.
+float capped_score(float score, const Variant& v, float* tanh_out = nullptr) {
+  if (v.softcap <= 0) return score;
+  const float cap = static_cast<float>(v.softcap);
+  const float t = std::tanh(score / cap);
+  if (tanh_out) *tanh_out = t;
+  return cap * t;
 }
 
 // The batch entries the loops walk: every entry of a rectangular batch has the call's shape and
@@ -190,9 +202,10 @@ class Batch {
 
 template <class T>
 void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const ForwardOutputs& o,
-                  const Batch& batch, float scale, bool causal) {
+                  const Batch& batch, float scale, const Variant& variant) {
   const bool packed = batch.packed();
   const auto q = Rows<const T>::attention(q_t, packed), k = batch.kv_rows<T>(k_t), v = batch.kv_rows<T>(v_t);
+  const float* sinks = variant.sinks ? static_cast<const float*>(variant.sinks->data_ptr()) : nullptr;
   const auto out = Rows<T>::attention(o.out, packed);
   const auto lse = Rows<float>::lse(o.lse, packed);
 
@@ -209,25 +222,32 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
         std::vector<float> query(d), acc(d), scores(s.seqlen_k);
         for (int64_t r = begin; r < end; ++r) {
           const int64_t hq = hk * group + r / s.seqlen_q, i = r % s.seqlen_q;
-          const int64_t seen = visible_keys(s, causal, i);
+          const KeyRange keys_seen = visible_keys(s, variant, i);
           const T* q_row = q.row(b, hq, q0 + i);
           for (int64_t c = 0; c < d; ++c) query[c] = static_cast<float>(q_row[c]);
-          float row_max = -kInf;
-          for (int64_t j = 0; j < seen; ++j) {
-            scores[j] = dot(query.data(), &keys[j * d], d) * scale;
+          // A sink joins the row's softmax as one more logit, with no value.
+          const float sink = sinks ? sinks[hq] : -kInf;
+          float row_max = sink;
+          for (int64_t j = keys_seen.begin; j < keys_seen.end; ++j) {
+            scores[j] = capped_score(dot(query.data(), &keys[j * d], d) * scale, variant);
             row_max = std::max(row_max, scores[j]);
           }
           std::fill(acc.begin(), acc.end(), 0.f);
-          float row_sum = 0.f;
-          for (int64_t j = 0; j < seen; ++j) {
+          T* out_row = out.row(b, hq, q0 + i);
+          if (row_max == -kInf) {  // no key and no sink: output 0, lse -inf
+            for (int64_t c = 0; c < d; ++c) out_row[c] = static_cast<T>(0.f);
+            *lse.row(b, hq, q0 + i) = -kInf;
+            continue;
+          }
+          float row_sum = std::exp(sink - row_max);
+          for (int64_t j = keys_seen.begin; j < keys_seen.end; ++j) {
             const float p = std::exp(scores[j] - row_max);
             row_sum += p;
             axpy(p, &values[j * d], acc.data(), d);
           }
-          T* out_row = out.row(b, hq, q0 + i);
-          const float inv = seen > 0 ? 1.f / row_sum : 0.f;
+          const float inv = 1.f / row_sum;
           for (int64_t c = 0; c < d; ++c) out_row[c] = static_cast<T>(acc[c] * inv);
-          *lse.row(b, hq, q0 + i) = seen > 0 ? row_max + std::log(row_sum) : -kInf;
+          *lse.row(b, hq, q0 + i) = row_max + std::log(row_sum);
         }
       });
     }
@@ -237,7 +257,7 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
 template <class T>
 void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, const Tensor& v_t,
                    const Tensor& out_t, const Tensor& lse_t, const Gradients& g, const Batch& batch,
-                   float scale, bool causal) {
+                   float scale, const Variant& variant) {
   const bool packed = batch.packed();
   const auto q = Rows<const T>::attention(q_t, packed), k = Rows<const T>::attention(k_t, packed),
              v = Rows<const T>::attention(v_t, packed), out = Rows<const T>::attention(out_t, packed),
@@ -272,9 +292,12 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
         lse[r] = l == -kInf ? kInf : l;
       }
       // P_rj and dS_rj = P_rj (dP_rj - delta_r) for query row r and key j, recomputed by each pass.
+      // With soft-capping, dS is taken with respect to the score before the cap: times 1 - tanh².
+      // (lse includes the sinks, so P and delta need nothing more for them.)
       auto probs = [&](int64_t r, int64_t j, float* ds) {
-        const float p = std::exp(dot(&queries[r * d], &keys[j * d], d) * scale - lse[r]);
-        *ds = p * (dot(&grads[r * d], &values[j * d], d) - delta[r]);
+        float t = 0.f;
+        const float p = std::exp(capped_score(dot(&queries[r * d], &keys[j * d], d) * scale, variant, &t) - lse[r]);
+        *ds = p * (dot(&grads[r * d], &values[j * d], d) - delta[r]) * (1.f - t * t);
         return p;
       };
       // dQ: parallel over query rows.
@@ -283,7 +306,8 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
         for (int64_t r = begin; r < end; ++r) {
           const int64_t hq = hk * group + r / s.seqlen_q, i = r % s.seqlen_q;
           std::fill(acc.begin(), acc.end(), 0.f);
-          for (int64_t j = 0, seen = visible_keys(s, causal, i); j < seen; ++j) {
+          const KeyRange keys_seen = visible_keys(s, variant, i);
+          for (int64_t j = keys_seen.begin; j < keys_seen.end; ++j) {
             float ds;
             probs(r, j, &ds);
             axpy(ds, &keys[j * d], acc.data(), d);
@@ -298,9 +322,8 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
         for (int64_t j = begin; j < end; ++j) {
           std::fill(dk_acc.begin(), dk_acc.end(), 0.f);
           std::fill(dv_acc.begin(), dv_acc.end(), 0.f);
-          const int64_t first_query = first_query_seeing(s, causal, j);
           for (int64_t r = 0; r < rows; ++r) {
-            if (r % s.seqlen_q < first_query) continue;
+            if (!visible_keys(s, variant, r % s.seqlen_q).holds(j)) continue;
             float ds;
             const float p = probs(r, j, &ds);
             axpy(p, &grads[r * d], dv_acc.data(), d);
@@ -339,55 +362,64 @@ void backward_any(const Tensor& dout, const Tensor& q, Args&&... args) {
 }  // namespace
 
 std::tuple<Tensor, Tensor> forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
-                                       std::optional<double> softmax_scale, bool causal) {
+                                       std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                                       int64_t window_right, double softcap, std::optional<Tensor> sinks) {
   const AttentionShape s = check_forward_inputs(q, k, v);
+  const Variant variant = check_variant("fa.forward", causal, window_left, window_right, softcap, sinks, q, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   ForwardOutputs o = allocate_forward_outputs(q, s);
-  if (finish_trivial_forward(s, o)) return {o.out, o.lse};
-  forward_any(q, k, v, o, Batch(s), scale, causal);
+  if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
+  forward_any(q, k, v, o, Batch(s), scale, variant);
   return {o.out, o.lse};
 }
 
 std::tuple<Tensor, Tensor, Tensor> backward_cpu(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                                const Tensor& v, const Tensor& out,
-                                                const Tensor& softmax_lse,
-                                                std::optional<double> softmax_scale, bool causal) {
+                                                const Tensor& v, const Tensor& out, const Tensor& softmax_lse,
+                                                std::optional<double> softmax_scale, bool causal,
+                                                int64_t window_left, int64_t window_right, double softcap) {
   const AttentionShape s = check_backward_inputs(dout, q, k, v, out, softmax_lse);
+  const Variant variant =
+      check_variant("fa.backward", causal, window_left, window_right, softcap, std::nullopt, q, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   Gradients g = allocate_gradients(q, k, v);
   if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
-  backward_any(dout, q, k, v, out, softmax_lse, g, Batch(s), scale, causal);
+  backward_any(dout, q, k, v, out, softmax_lse, g, Batch(s), scale, variant);
   return {g.dq, g.dk, g.dv};
 }
 
 std::tuple<Tensor, Tensor> forward_kvcache_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                                const Tensor& cache_seqlens, std::optional<Tensor> page_table,
-                                               std::optional<double> softmax_scale, bool causal, int64_t num_splits) {
+                                               std::optional<double> softmax_scale, bool causal, int64_t num_splits,
+                                               int64_t window_left, int64_t window_right, double softcap,
+                                               std::optional<Tensor> sinks) {
   constexpr const char* op = "fa.forward_kvcache";
   const KVCacheShape s = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, page_table, num_splits);
+  const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   if (page_table) page_table = dense_last_dim(*page_table);
   const Batch batch(op, s, cache_seqlens, page_table, page_table ? k_cache.size(0) : 0);
   ForwardOutputs o = allocate_forward_outputs(q, s);
-  if (finish_trivial_forward(s, o)) return {o.out, o.lse};
-  forward_any(q, k_cache, v_cache, o, batch, scale, causal);  // num_splits: one pass on the CPU
+  if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
+  forward_any(q, k_cache, v_cache, o, batch, scale, variant);  // num_splits: one pass on the CPU
   return {o.out, o.lse};
 }
 
 std::tuple<Tensor, Tensor> forward_varlen_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
                                               const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                               int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                              std::optional<double> softmax_scale, bool causal) {
+                                              std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                                              int64_t window_right, double softcap, std::optional<Tensor> sinks) {
   constexpr const char* op = "fa.forward_varlen";
   const VarlenShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+  const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const Batch batch(op, s, cu_seqlens_q, cu_seqlens_k);
   ForwardOutputs o = allocate_varlen_outputs(q, s);
   // Rows past the last sequence belong to none: out 0, lse -inf, as for rows that see no key.
   torch::stable::zero_(o.out);
   torch::stable::fill_(o.lse, -std::numeric_limits<double>::infinity());
-  if (finish_trivial_forward(s, o)) return {o.out, o.lse};
-  forward_any(q, k, v, o, batch, scale, causal);
+  if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
+  forward_any(q, k, v, o, batch, scale, variant);
   return {o.out, o.lse};
 }
 
@@ -396,10 +428,12 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cpu(const Tensor& dout, const
                                                        const Tensor& softmax_lse, const Tensor& cu_seqlens_q,
                                                        const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                                        int64_t max_seqlen_k, std::optional<double> softmax_scale,
-                                                       bool causal) {
+                                                       bool causal, int64_t window_left, int64_t window_right,
+                                                       double softcap) {
   constexpr const char* op = "fa.backward_varlen";
   const VarlenShape s = check_varlen_backward_inputs(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                                                      max_seqlen_q, max_seqlen_k);
+  const Variant variant = check_variant(op, causal, window_left, window_right, softcap, std::nullopt, q, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const Batch batch(op, s, cu_seqlens_q, cu_seqlens_k);
   Gradients g = allocate_varlen_gradients(q, k, v);
@@ -407,7 +441,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cpu(const Tensor& dout, const
   torch::stable::zero_(g.dk);
   torch::stable::zero_(g.dv);
   if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
-  backward_any(dout, q, k, v, out, softmax_lse, g, batch, scale, causal);
+  backward_any(dout, q, k, v, out, softmax_lse, g, batch, scale, variant);
   return {g.dq, g.dk, g.dv};
 }
 

@@ -237,7 +237,19 @@ void fill_forward_params(ForwardParams& p, const Tensor& q, const Tensor& k, con
   p.scale_log2 = scale * static_cast<float>(M_LOG2E);
 }
 
-// Launches the forward kernels of `kernels` for p on q's current stream.
+// The variant's bounds and sinks into p. A window bound past every key is no bound in effect; the
+// kernels clamp them (common/attention_mask.h), so any int is fine here.
+void set_variant(ForwardParams& p, const Variant& v, const char* op) {
+  FA_CHECK(v.softcap == 0, op, ": softcap is not implemented in fa's CUDA kernels yet (the CPU path has it); "
+           "call without softcap or on CPU tensors");
+  auto bound = [](int64_t b) { return static_cast<int>(std::min<int64_t>(b, int64_t(1) << 30)); };
+  p.window_left = bound(v.window_left);
+  p.window_right = bound(v.window_right);
+  p.sinks = v.sinks ? static_cast<const float*>(v.sinks->data_ptr()) : nullptr;
+}
+
+// Launches the forward kernels of `kernels` for p on q's current stream; local: causal or a
+// window (the kernels instantiated for causal, common/attention_mask.h).
 void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kernels, bool causal, const char* op) {
   const cudaStream_t stream = current_stream(q);
   cudaError_t err;
@@ -266,47 +278,53 @@ void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kerne
 // kernels, the rest of p (the caller has set what a packed batch adds), the kernels of the family
 // chosen.
 void forward_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, const Tensor& k_in,
-                  const Tensor& v_in, const AttentionShape& s, float scale, bool causal, const std::string& arch,
-                  const char* op) {
+                  const Tensor& v_in, const AttentionShape& s, float scale, const Variant& variant,
+                  const std::string& arch, const char* op) {
   check_grid_limits(s, op);
   const Tensor q = aligned_for_kernels(q_in);
   const Tensor k = aligned_for_kernels(k_in);
   const Tensor v = aligned_for_kernels(v_in);
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
-  run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, op), causal, op);
+  set_variant(p, variant, op);
+  run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, op), variant.local(), op);
 }
 
 std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                                        std::optional<double> softmax_scale, bool causal) {
+                                        std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                                        int64_t window_right, double softcap, std::optional<Tensor> sinks) {
   constexpr const char* op = "fa.forward";
   const AttentionShape s = check_forward_inputs(q_in, k_in, v_in);
+  const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
   const std::string arch = check_device(q_in, op);
   ForwardOutputs o = allocate_forward_outputs(q_in, s);
-  if (finish_trivial_forward(s, o)) return {o.out, o.lse};
+  if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
   ForwardParams p;
-  forward_into(p, o, q_in, k_in, v_in, s, scale, causal, arch, op);
+  forward_into(p, o, q_in, k_in, v_in, s, scale, variant, arch, op);
   return {o.out, o.lse};
 }
 
 std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                                const Tensor& cu_seqlens_q_in, const Tensor& cu_seqlens_k_in,
                                                int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                               std::optional<double> softmax_scale, bool causal) {
+                                               std::optional<double> softmax_scale, bool causal,
+                                               int64_t window_left, int64_t window_right, double softcap,
+                                               std::optional<Tensor> sinks) {
   constexpr const char* op = "fa.forward_varlen";
   const VarlenShape s = check_varlen_inputs(op, q_in, k_in, v_in, cu_seqlens_q_in, cu_seqlens_k_in,
                                             max_seqlen_q, max_seqlen_k);
+  const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
   const std::string arch = check_device(q_in, op);
   ForwardOutputs o = allocate_varlen_outputs(q_in, s);
-  if (finish_trivial_forward(s, o)) return {o.out, o.lse};
+  if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
   const Tensor cu_seqlens_q = dense_last_dim(cu_seqlens_q_in);
   const Tensor cu_seqlens_k = dense_last_dim(cu_seqlens_k_in);
   ForwardParams p;
   set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
-  forward_into(p, o, q_in, k_in, v_in, s, scale, causal, arch, op);
+  forward_into(p, o, q_in, k_in, v_in, s, scale, variant, arch, op);
   return {o.out, o.lse};
 }
 
@@ -326,14 +344,17 @@ int64_t default_splits(const KVCacheShape& s, const Tensor& q) {
 
 std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                                 const Tensor& cache_seqlens_in, std::optional<Tensor> page_table_in,
-                                                std::optional<double> softmax_scale, bool causal, int64_t num_splits) {
+                                                std::optional<double> softmax_scale, bool causal, int64_t num_splits,
+                                                int64_t window_left, int64_t window_right, double softcap,
+                                                std::optional<Tensor> sinks) {
   constexpr const char* op = "fa.forward_kvcache";
   const KVCacheShape s = check_kvcache_inputs(q_in, k_in, v_in, cache_seqlens_in, page_table_in, num_splits);
+  const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
   check_device(q_in, op);
   ForwardOutputs o = allocate_forward_outputs(q_in, s);
-  if (finish_trivial_forward(s, o)) return {o.out, o.lse};
+  if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
   check_grid_limits(s, op);
 
   const Tensor q = aligned_for_kernels(q_in);
@@ -348,6 +369,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
 
   ForwardParams p;
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
+  set_variant(p, variant, op);
   p.seqused_k = static_cast<const int*>(cache_seqlens.data_ptr());
   if (page_table) {
     // (num_pages, page_size, Hk, D): the page stride in the batch slot, rows within a page.
@@ -367,8 +389,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
     p.head_dim_accum = static_cast<int>(s.head_dim);
   }
   // Decoding is bound by memory bandwidth: the Ampere family serves it on every GPU. Its KV-cache
-  // kernels take causality at run time (one instantiation serves both).
-  p.causal = causal;
+  // kernels take the mask at run time (one instantiation serves all).
   const cudaError_t err = dispatch<Family::kSm80, Direction::kForward>(
       q.scalar_type(), kernel_head_dim(s.head_dim, op), op, [&](auto tag, auto hd) {
         return sm80::run_forward_kvcache<decltype(tag), decltype(hd)::value>(p, current_stream(q));
@@ -398,8 +419,9 @@ struct BackwardInputs {
 // (B, Hq, rows) or, for a packed batch, (Hq, rows) with the sequences at their own padded offsets
 // (common/sequence.h).
 void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gradients& g,
-                          const AttentionShape& s, float scale, const Kernels& kernels, bool causal,
+                          const AttentionShape& s, float scale, const Kernels& kernels, const Variant& variant,
                           const char* op) {
+  const bool causal = variant.local();  // the kernels instantiated for causal serve every window
   check_grid_limits(s, op);
   FA_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
   const Tensor& q = in.q;
@@ -425,6 +447,7 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   float* const base = static_cast<float*>(workspace.data_ptr());
 
   fill_forward_params(p, q, in.k, in.v, in.out, in.lse, s, scale);
+  set_variant(p, variant, op);
   p.dout = in.dout.data_ptr();
   p.dout_stride = strides_of(in.dout);
   p.dq = g.dq.data_ptr();
@@ -462,9 +485,12 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
 std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Tensor& q_in,
                                                  const Tensor& k_in, const Tensor& v_in,
                                                  const Tensor& out_in, const Tensor& lse_in,
-                                                 std::optional<double> softmax_scale, bool causal) {
+                                                 std::optional<double> softmax_scale, bool causal,
+                                                 int64_t window_left, int64_t window_right, double softcap) {
   constexpr const char* op = "fa.backward";
   const AttentionShape s = check_backward_inputs(dout_in, q_in, k_in, v_in, out_in, lse_in);
+  const Variant variant =
+      check_variant(op, causal, window_left, window_right, softcap, std::nullopt, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
   const std::string arch = check_device(q_in, op);
@@ -473,7 +499,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
 
   BackwardParams p;
   run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
-                       backward_kernels(arch, s.head_dim, op), causal, op);
+                       backward_kernels(arch, s.head_dim, op), variant, op);
   return {g.dq, g.dk, g.dv};
 }
 
@@ -482,10 +508,13 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, c
                                                         const Tensor& out_in, const Tensor& lse_in,
                                                         const Tensor& cu_seqlens_q_in, const Tensor& cu_seqlens_k_in,
                                                         int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                                        std::optional<double> softmax_scale, bool causal) {
+                                                        std::optional<double> softmax_scale, bool causal,
+                                                        int64_t window_left, int64_t window_right, double softcap) {
   constexpr const char* op = "fa.backward_varlen";
   const VarlenShape s = check_varlen_backward_inputs(dout_in, q_in, k_in, v_in, out_in, lse_in, cu_seqlens_q_in,
                                                      cu_seqlens_k_in, max_seqlen_q, max_seqlen_k);
+  const Variant variant =
+      check_variant(op, causal, window_left, window_right, softcap, std::nullopt, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
   const std::string arch = check_device(q_in, op);
@@ -497,7 +526,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, c
   BackwardParams p;
   set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
   run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
-                       backward_kernels(arch, s.head_dim, op), causal, op);
+                       backward_kernels(arch, s.head_dim, op), variant, op);
   return {g.dq, g.dk, g.dv};
 }
 

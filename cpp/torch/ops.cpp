@@ -14,28 +14,28 @@ namespace {
            "fa.build_info() shows what this build contains.");
 }
 
-std::tuple<Tensor, Tensor> forward_cuda_not_built(Tensor, Tensor, Tensor, std::optional<double>, bool) {
+std::tuple<Tensor, Tensor> forward_cuda_not_built(Tensor, Tensor, Tensor, std::optional<double>, bool, int64_t, int64_t, double, std::optional<Tensor>) {
   cuda_not_built("fa.forward");
 }
 
 std::tuple<Tensor, Tensor, Tensor> backward_cuda_not_built(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                           std::optional<double>, bool) {
+                                                           std::optional<double>, bool, int64_t, int64_t, double) {
   cuda_not_built("fa.backward");
 }
 
 std::tuple<Tensor, Tensor> forward_varlen_cuda_not_built(Tensor, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t,
-                                                         std::optional<double>, bool) {
+                                                         std::optional<double>, bool, int64_t, int64_t, double, std::optional<Tensor>) {
   cuda_not_built("fa.forward_varlen");
 }
 
 std::tuple<Tensor, Tensor> forward_kvcache_cuda_not_built(Tensor, Tensor, Tensor, Tensor, std::optional<Tensor>,
-                                                          std::optional<double>, bool, int64_t) {
+                                                          std::optional<double>, bool, int64_t, int64_t, int64_t, double, std::optional<Tensor>) {
   cuda_not_built("fa.forward_kvcache");
 }
 
 std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda_not_built(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                                                   Tensor, Tensor, int64_t, int64_t,
-                                                                  std::optional<double>, bool) {
+                                                                  std::optional<double>, bool, int64_t, int64_t, double) {
   cuda_not_built("fa.backward_varlen");
 }
 #endif
@@ -45,23 +45,30 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda_not_built(Tensor, Tensor
 
 STABLE_TORCH_LIBRARY(fa, m) {
   m.def(
-      "forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False)"
+      "forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False,"
+      " int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? sinks=None)"
       " -> (Tensor out, Tensor softmax_lse)");
   m.def(
       "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse,"
-      " float? softmax_scale=None, bool causal=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+      " float? softmax_scale=None, bool causal=False,"
+      " int window_left=-1, int window_right=-1, float softcap=0.0)"
+      " -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "forward_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,"
-      " int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, bool causal=False)"
+      " int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, bool causal=False,"
+      " int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? sinks=None)"
       " -> (Tensor out, Tensor softmax_lse)");
   m.def(
       "forward_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens,"
-      " Tensor? page_table=None, float? softmax_scale=None, bool causal=True, int num_splits=0)"
+      " Tensor? page_table=None, float? softmax_scale=None, bool causal=True, int num_splits=0,"
+      " int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? sinks=None)"
       " -> (Tensor out, Tensor softmax_lse)");
   m.def(
       "backward_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse,"
       " Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,"
-      " float? softmax_scale=None, bool causal=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+      " float? softmax_scale=None, bool causal=False,"
+      " int window_left=-1, int window_right=-1, float softcap=0.0)"
+      " -> (Tensor dq, Tensor dk, Tensor dv)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(fa, CPU, m) {

@@ -49,10 +49,16 @@ Tensor dense_last_dim(const Tensor& t) {
   return t.size(last) <= 1 || t.stride(last) == 1 ? t : contiguous_copy(t);
 }
 
-bool finish_trivial_forward(const AttentionShape& s, ForwardOutputs& o) {
+bool finish_trivial_forward(const AttentionShape& s, ForwardOutputs& o, const std::optional<Tensor>& sinks) {
   if (!s.empty() && s.seqlen_k > 0) return false;
   torch::stable::zero_(o.out);
-  torch::stable::fill_(o.lse, -std::numeric_limits<double>::infinity());
+  if (sinks) {
+    // lse (B, Hq, Sq) or (Hq, total_q), seen with the heads last: each row's value is its head's sink.
+    Tensor rows = torch::stable::transpose(o.lse, o.lse.dim() == 2 ? 0 : 1, o.lse.dim() - 1);
+    torch::stable::copy_(rows, *sinks);
+  } else {
+    torch::stable::fill_(o.lse, -std::numeric_limits<double>::infinity());
+  }
   return true;
 }
 

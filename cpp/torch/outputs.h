@@ -31,8 +31,10 @@ Tensor contiguous_copy(const Tensor& t);
 Tensor dense_last_dim(const Tensor& t);
 
 // When there is nothing to multiply (an empty dimension, or no keys at all) these give the outputs
-// their values (out 0 and lse -inf for rows that see no key; zero gradients) and return true.
-bool finish_trivial_forward(const AttentionShape& s, ForwardOutputs& outputs);
+// their values (out 0 and lse -inf for rows that see no key, or their head's sink logit with
+// sinks; zero gradients) and return true.
+bool finish_trivial_forward(const AttentionShape& s, ForwardOutputs& outputs,
+                            const std::optional<Tensor>& sinks = std::nullopt);
 bool finish_trivial_backward(const AttentionShape& s, Gradients& grads);
 
 }  // namespace fa::torch_binding

@@ -27,16 +27,30 @@ def _check_shapes(op: str, q, k, v, packed: bool = False) -> None:
     torch._check(k.size(-1) == q.size(-1), lambda: f"{op}: k and v must have q's head_dim")
 
 
+def _check_variant(op: str, q, window_left, window_right, softcap, sinks=None, heads_q=None) -> None:
+    """The variant checks the fake kernels can make (the ops make the same ones)."""
+    torch._check(window_left >= -1 and window_right >= -1,
+                 lambda: f"{op}: window_size = ({window_left}, {window_right}): each bound must be -1 or >= 0")
+    torch._check(softcap >= 0, lambda: f"{op}: softcap must be >= 0 (0: none), got {softcap}")
+    if sinks is not None:
+        torch._check(sinks.dtype == torch.float32, lambda: f"{op}: sinks must be float32, got {sinks.dtype}")
+        torch._check(sinks.dim() == 1 and sinks.size(0) == heads_q,
+                     lambda: f"{op}: sinks must be 1-D (heads_q,) = ({heads_q},), got shape {tuple(sinks.shape)}")
+
+
 @torch.library.register_fake("fa::forward")
-def _forward_fake(q, k, v, softmax_scale=None, causal=False):
+def _forward_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+                  sinks=None):
     _check_shapes("fa.forward", q, k, v)
+    _check_variant("fa.forward", q, window_left, window_right, softcap, sinks, q.size(1))
     out = empty_like_attention(q)
     lse = q.new_empty((q.size(0), q.size(1), q.size(2)), dtype=torch.float32)
     return out, lse
 
 
 @torch.library.register_fake("fa::backward")
-def _backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False):
+def _backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, window_left=-1,
+                   window_right=-1, softcap=0.0):
     _check_shapes("fa.backward", q, k, v)
     torch._check(dout.shape == q.shape, lambda: "fa.backward: dout must have q's shape")
     return empty_like_attention(q), empty_like_attention(k), empty_like_attention(v)
@@ -52,14 +66,17 @@ def _check_varlen_shapes(op: str, q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
 
 @torch.library.register_fake("fa::forward_varlen")
 def _forward_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         softmax_scale=None, causal=False):
+                         softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+                         sinks=None):
     _check_varlen_shapes("fa.forward_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k)
+    _check_variant("fa.forward_varlen", q, window_left, window_right, softcap, sinks, q.size(1))
     return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=torch.float32)
 
 
 @torch.library.register_fake("fa::backward_varlen")
 def _backward_varlen_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                          max_seqlen_k, softmax_scale=None, causal=False):
+                          max_seqlen_k, softmax_scale=None, causal=False, window_left=-1, window_right=-1,
+                          softcap=0.0):
     _check_varlen_shapes("fa.backward_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k)
     torch._check(dout.shape == q.shape, lambda: "fa.backward_varlen: dout must have q's shape")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
@@ -67,8 +84,9 @@ def _backward_varlen_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seql
 
 @torch.library.register_fake("fa::forward_kvcache")
 def _forward_kvcache_fake(q, k_cache, v_cache, cache_seqlens, page_table=None, softmax_scale=None, causal=True,
-                          num_splits=0):
+                          num_splits=0, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     torch._check(q.dim() == 4, lambda: "fa.forward_kvcache: q must be 4-D (batch, heads, seqlen, head_dim)")
+    _check_variant("fa.forward_kvcache", q, window_left, window_right, softcap, sinks, q.size(1))
     torch._check(k_cache.dtype == q.dtype and v_cache.dtype == q.dtype,
                  lambda: "fa.forward_kvcache: k_cache and v_cache must have q's dtype")
     torch._check(cache_seqlens.dtype == torch.int32, lambda: "fa.forward_kvcache: cache_seqlens must be int32")
@@ -82,51 +100,90 @@ def _forward_kvcache_fake(q, k_cache, v_cache, cache_seqlens, page_table=None, s
 # lse is not differentiable, so its gradient is never used: with materialize_grads off, autograd
 # passes None for it instead of allocating and filling a tensor of zeros at every backward (one
 # more allocation and kernel launch on the host's path to the backward's kernels).
+#
+# Sinks need nothing of the backward kernels: lse includes them, so the P the kernels recompute is
+# the softmax with the sink, and dS = P (dP - rowsum(dO ∘ O)) holds as it is (the sink's dP is 0:
+# it has no value). Their own gradient is dsinks[h] = -Σ_rows P_sink · rowsum(dO ∘ O), with
+# P_sink = exp(sinks[h] - lse), summed here over the rows of head h.
+_VARIANT_ARGS = 4  # window_left, window_right, softcap, sinks: after causal in every forward op
+
+
+def _sink_grad(sinks, grad_out, out, lse, head_dim_of_lse: int, valid_rows=None):
+    """dsinks from dO, O and lse; lse's heads are its dimension head_dim_of_lse (1 for (B, H, S),
+    0 for varlen's (H, total)); valid_rows: varlen's mask of the rows that belong to a sequence."""
+    delta = (grad_out.float() * out.float()).sum(-1)  # (B, H, S) or (total, H)
+    if head_dim_of_lse == 0:
+        delta = delta.t()
+        shape = (-1, 1)
+    else:
+        shape = (1, -1, 1)
+    weights = torch.exp(sinks.view(shape) - lse) * delta
+    if valid_rows is not None:  # varlen rows past the last sequence hold no values
+        weights = torch.where(valid_rows, weights, 0.0)
+    dims = [d for d in range(lse.dim()) if d != head_dim_of_lse]
+    return -weights.sum(dims)
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal = inputs
+    q, k, v, softmax_scale, causal = inputs[:5]
+    window_left, window_right, softcap, sinks = (tuple(inputs[5:]) + (-1, -1, 0.0, None))[:_VARIANT_ARGS]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, sinks)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
+    ctx.variant = (window_left, window_right, softcap)
+    ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
     if grad_out is None:  # out took no part in what is differentiated (grads are not materialised)
-        return None, None, None, None, None
-    q, k, v, out, lse = ctx.saved_tensors
+        return (None,) * ctx.num_inputs
+    q, k, v, out, lse, sinks = ctx.saved_tensors
     # Gradients of reductions arrive expanded (stride 0); the kernels need head_dim contiguous.
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    dq, dk, dv = torch.ops.fa.backward.default(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal)
-    return dq, dk, dv, None, None
+    dq, dk, dv = torch.ops.fa.backward.default(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
+                                               *ctx.variant)
+    dsinks = None
+    if sinks is not None and ctx.needs_input_grad[8]:
+        dsinks = _sink_grad(sinks, grad_out, out, lse, 1)
+    return (dq, dk, dv, None, None, None, None, None, dsinks)[:ctx.num_inputs]
 
 
 torch.library.register_autograd("fa::forward", _backward, setup_context=_setup_context)
 
 
 def _setup_varlen_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal = inputs[:9]
+    window_left, window_right, softcap, sinks = (tuple(inputs[9:]) + (-1, -1, 0.0, None))[:_VARIANT_ARGS]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks)
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
+    ctx.variant = (window_left, window_right, softcap)
+    ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
 
 def _varlen_backward(ctx, grad_out, grad_lse):
     if grad_out is None:
-        return (None,) * 9
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        return (None,) * ctx.num_inputs
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     dq, dk, dv = torch.ops.fa.backward_varlen.default(
-        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, ctx.softmax_scale, ctx.causal
+        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, ctx.softmax_scale, ctx.causal,
+        *ctx.variant
     )
-    return dq, dk, dv, None, None, None, None, None, None
+    dsinks = None
+    if sinks is not None and ctx.needs_input_grad[12]:
+        valid = torch.arange(lse.size(1), device=lse.device) < cu_seqlens_q[-1]
+        dsinks = _sink_grad(sinks, grad_out, out, lse, 0, valid)
+    return (dq, dk, dv, None, None, None, None, None, None, None, None, None, dsinks)[:ctx.num_inputs]
 
 
 torch.library.register_autograd("fa::forward_varlen", _varlen_backward, setup_context=_setup_varlen_context)

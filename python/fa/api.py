@@ -7,8 +7,17 @@ import torch
 from ._registration import _backward, _setup_context, _setup_varlen_context, _varlen_backward
 
 
-def _needs_grad(*tensors: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _window(window_size) -> Tuple[int, int]:
+    """window_size as the ops take it: two ints, -1 for an unbounded side."""
+    try:
+        left, right = window_size
+        return int(left), int(right)
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair (left, right) of ints, -1 for unbounded; got {window_size!r}")
 
 
 # fa.attention's and fa.attention_varlen's autograd: the ops' own context setup and backward
@@ -17,8 +26,8 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
 # re-reads the op's schema at every call), which calls of small shapes feel.
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(q, k, v, scale, causal):
-        return torch.ops.fa.forward.default(q, k, v, scale, causal)
+    def forward(q, k, v, scale, causal, window_left, window_right, softcap, sinks):
+        return torch.ops.fa.forward.default(q, k, v, scale, causal, window_left, window_right, softcap, sinks)
 
     setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
@@ -26,9 +35,11 @@ class _Attention(torch.autograd.Function):
 
 class _AttentionVarlen(torch.autograd.Function):
     @staticmethod
-    def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal):
+    def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, window_left,
+                window_right, softcap, sinks):
         return torch.ops.fa.forward_varlen.default(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, window_left,
+            window_right, softcap, sinks
         )
 
     setup_context = staticmethod(_setup_varlen_context)
@@ -42,6 +53,9 @@ def attention(
     *,
     causal: bool = False,
     scale: Optional[float] = None,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact attention ``softmax(q @ k.transpose(-2, -1) * scale) @ v``, differentiable.
@@ -61,16 +75,28 @@ def attention(
             from SDPA's ``is_causal`` (top-left aligned) when ``Sq != Sk``. A row that sees no key
             gets output 0 and zero gradients.
         scale: the softmax scale; ``1 / sqrt(D)`` when None.
+        window_size: ``(left, right)``: query ``i`` sees key ``j`` iff ``i' - left <= j <= i' +
+            right`` with ``i' = i + Sk - Sq`` (bottom-right aligned, as ``causal``); ``-1`` leaves a
+            side unbounded. ``causal=True`` is ``window_size=(left, 0)``. FlashAttention's
+            convention: Mistral's 4096-token window is ``causal=True, window_size=(4095, 0)``.
+            Key tiles outside every row's window are skipped, so the cost follows the window.
+        softcap: ``> 0``: scores become ``softcap * tanh(scores * scale / softcap)`` before the
+            softmax (Gemma 2's logit soft-capping). For now on CPU tensors only: the CUDA kernels
+            raise.
+        sinks: float32 ``(Hq,)``: one logit per query head that joins every row's softmax
+            denominator as a key without a value (gpt-oss's attention sinks), differentiable. The
+            returned ``lse`` includes it; a row that sees no key gets output 0 and ``lse = sink``.
         return_lse: also return the log-sum-exp of each row's scaled scores.
 
     Returns:
         ``out`` with q's shape and dtype, or ``(out, lse)`` with ``lse`` of shape ``(B, Hq, Sq)``,
         float32, natural log (``-inf`` for a row that sees no key). ``lse`` is not differentiable.
     """
-    if _needs_grad(q, k, v):
-        out, lse = _Attention.apply(q, k, v, scale, causal)
+    args = (q, k, v, scale, causal, *_window(window_size), float(softcap), sinks)
+    if _needs_grad(q, k, v, sinks):
+        out, lse = _Attention.apply(*args)
     else:
-        out, lse = torch.ops.fa.forward.default(q, k, v, scale, causal)
+        out, lse = torch.ops.fa.forward.default(*args)
     return (out, lse) if return_lse else out
 
 
@@ -85,6 +111,9 @@ def attention_varlen(
     *,
     causal: bool = False,
     scale: Optional[float] = None,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact attention over a batch of sequences of different lengths, packed without padding;
@@ -102,6 +131,7 @@ def attention_varlen(
             grid, so the call never synchronises with the GPU to read the offsets.
         causal: bottom-right aligned within each sequence, as in :func:`attention`.
         scale: the softmax scale; ``1 / sqrt(D)`` when None.
+        window_size, softcap, sinks: as in :func:`attention`, within each sequence.
         return_lse: also return the log-sum-exp of each row, ``(Hq, total_q)`` float32.
 
     On CUDA the values of ``cu_seqlens_*`` are not checked (that would synchronise): offsets that
@@ -112,8 +142,9 @@ def attention_varlen(
     Returns:
         ``out`` ``(total_q, Hq, D)`` (contiguous), or ``(out, lse)``.
     """
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal)
-    if _needs_grad(q, k, v):
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
+            *_window(window_size), float(softcap), sinks)
+    if _needs_grad(q, k, v, sinks):
         out, lse = _AttentionVarlen.apply(*args)
     else:
         out, lse = torch.ops.fa.forward_varlen.default(*args)
@@ -130,6 +161,9 @@ def attention_kvcache(
     causal: bool = True,
     scale: Optional[float] = None,
     num_splits: int = 0,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention of new queries against a key/value cache, for decoding (inference only: asking
@@ -148,6 +182,8 @@ def attention_kvcache(
             ``j <= i + cache_seqlens[b] - Sq``.
         num_splits: 0 chooses; otherwise the keys of each (batch, query tile, head) are split among
             that many CTAs and the partial results combined exactly.
+        window_size, softcap, sinks: as in :func:`attention` (aligned to ``cache_seqlens[b]``);
+            with a window only the keys inside it are read.
 
     Appending the new keys and values to the cache is the caller's job (as in vLLM), before this
     call. On CUDA the values of ``cache_seqlens`` and ``page_table`` are not checked (that would
@@ -157,5 +193,6 @@ def attention_kvcache(
     Returns:
         ``out`` with q's shape, or ``(out, lse)`` with ``lse`` ``(B, Hq, Sq)`` float32.
     """
-    out, lse = torch.ops.fa.forward_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, scale, causal, num_splits)
+    out, lse = torch.ops.fa.forward_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, scale, causal, num_splits,
+                                            *_window(window_size), float(softcap), sinks)
     return (out, lse) if return_lse else out

@@ -33,7 +33,7 @@ namespace sm80 {
 template <class ElementTag, int kHeadDim, bool kCausal>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
 
-// The KV-cache forward (params.seqused_k set); causal when params.causal.
+// The KV-cache forward (params.seqused_k set); its mask is params.window_left/right alone.
 template <class ElementTag, int kHeadDim>
 cudaError_t run_forward_kvcache(const ForwardParams& params, cudaStream_t stream);
 

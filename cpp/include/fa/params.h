@@ -73,10 +73,17 @@ struct ForwardParams {
   float* out_accum = nullptr;
   float* lse_accum = nullptr;
   int head_dim_accum = 0;  // head_dim_rounded of out_accum
-  // Bottom-right causal masking of the KV-cache kernels, which take it at run time (one
-  // instantiation serves both); the other kernels take it as a template parameter. (Last, in the
-  // struct's tail padding: the other kernels' parameters keep their size and offsets.)
-  bool causal = false;
+  // A key's visibility by the query's position: query i sees key j iff
+  //   i' - window_left <= j <= i' + window_right,   i' = i + seqlen_k - seqlen_q
+  // (bottom-right aligned), -1 meaning unbounded on that side; causal is window_right = 0. The
+  // kernels instantiated for causal (and the KV-cache kernels, which take every mask at run time)
+  // read these bounds; the binding sets window_right = 0 for a causal call and sends every call
+  // with a bound to those kernels (common/attention_mask.h).
+  int window_left = -1;
+  int window_right = -1;
+  // Sink logits, float32 (heads_q,), else null: query head h's rows add exp(sinks[h]) to their
+  // softmax denominator (a key with no value); lse includes it.
+  const float* sinks = nullptr;
 };
 
 // Gradients of the forward above. The forward's pointers are read again (out as dO's partner).
