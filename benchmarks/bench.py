@@ -4,6 +4,7 @@
     python benchmarks/bench.py --suite full         # every dense shape, fp16 and bf16, causal or not
     python benchmarks/bench.py --suite varlen       # packed sequences of mixed lengths
     python benchmarks/bench.py --suite decode       # decoding against a KV cache
+    python benchmarks/bench.py --suite variants     # sliding windows, soft-capping, sinks
     python benchmarks/bench.py --shapes 4,64,8192,128 --mode bwd --impl fa,cudnn,flash --interleave 2
     python benchmarks/bench.py --sweep --plot       # TFLOP/s against sequence length, PNG
 
@@ -28,11 +29,12 @@ import torch
 
 import decode_suite
 import dense_suite
+import variants_suite
 import varlen_suite
 from timing import (DEFAULT_SETTLE_MS, FA_FAMILIES, WARMUP_MS, environment, finish_run, header, open_sampler,
                     report_mismatches, split_impl)
 
-SUITES = ["quick", "full", "varlen", "decode"]
+SUITES = ["quick", "full", "varlen", "decode", "variants"]
 QUICK_DECODE_CASE = decode_suite.DecodeCase(32, 32, 8, 1, 128, 8192)
 QUICK_DECODE_IMPLS = ["fa", "fa3", "cudnn", "flash"]
 
@@ -41,7 +43,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", choices=SUITES, default=None,
                    help="quick (the default): the short table above; full: every dense shape (--shapes, "
-                        "--sweep imply it); varlen: benchmarks/varlen_suite.py; decode: benchmarks/decode_suite.py")
+                        "--sweep imply it); varlen: benchmarks/varlen_suite.py; decode: benchmarks/decode_suite.py; "
+                        "variants: benchmarks/variants_suite.py")
     p.add_argument("--shapes", type=dense_suite.parse_shapes, default=None,
                    help="'B,H,S,D;B,H,S,D' ('/' between shapes also works); default: the full suite's "
                         f"{dense_suite.DEFAULT_SHAPES}")
@@ -83,7 +86,8 @@ def parse_args(argv=None):
     if args.shapes is None:
         args.shapes = dense_suite.DEFAULT_SHAPES
     known, default = {"varlen": (varlen_suite.VARLEN_IMPLS,) * 2, "decode": (decode_suite.DECODE_IMPLS,) * 2,
-                      "quick": (dense_suite.ALL_IMPLS, dense_suite.QUICK_IMPLS)}.get(
+                      "quick": (dense_suite.ALL_IMPLS, dense_suite.QUICK_IMPLS),
+                      "variants": (variants_suite.VARIANT_IMPLS,) * 2}.get(
         args.suite, (dense_suite.ALL_IMPLS, dense_suite.DEFAULT_IMPLS))
     args.impl = [i for i in (args.impl or ",".join(default)).split(",") if i]
     try:
@@ -149,7 +153,8 @@ def main(argv=None) -> int:
         return cpu_demo()
     meta = environment()
     meta["suite"] = args.suite
-    return {"quick": main_quick, "full": main_full, "varlen": main_varlen, "decode": main_decode}[args.suite](args, meta)
+    return {"quick": main_quick, "full": main_full, "varlen": main_varlen, "decode": main_decode,
+            "variants": main_variants}[args.suite](args, meta)
 
 
 def main_quick(args, meta) -> int:
@@ -259,6 +264,23 @@ def main_decode(args, meta) -> int:
           "copy bandwidth above.")
     return finish_run(args, time.strftime("decode-%Y%m%d-%H%M%S"),
                       {"meta": meta, "copy_bytes_per_s": bandwidth, "results": rows}, mismatches)
+
+
+def main_variants(args, meta) -> int:
+    print(header(meta), flush=True)
+    print(f"# variants: bf16, each row timed call by call for {variants_suite.SECONDS:g} s (at least "
+          f"{variants_suite.MIN_CYCLES} cycles) after {variants_suite.WARMUP_MS} ms of untimed calls", flush=True)
+    rows, mismatches = variants_suite.run_dense_rows(args.impl, args.modes)
+    rows += variants_suite.run_varlen_row(args.modes)
+    print(variants_suite.variants_table(rows))
+    print("\nTFLOP/s = 4·B·H·pairs·D / time forward, x2.5 backward, pairs = the (query, key) pairs the mask lets "
+          "through ('fa plain': fa without the variant, its own pairs); 'its time / fa's' > 1: fa is faster.\n")
+    decode_rows, bandwidth = variants_suite.run_decode_row()
+    print(variants_suite.decode_window_table(decode_rows, bandwidth))
+    print("\nK+V GB/s = the bytes of the keys and values inside the window (fa plain: the whole cache) / time.")
+    return finish_run(args, args.name or time.strftime("variants-%Y%m%d-%H%M%S"),
+                      {"meta": meta, "results": rows, "decode": decode_rows, "copy_bytes_per_s": bandwidth},
+                      mismatches)
 
 
 if __name__ == "__main__":

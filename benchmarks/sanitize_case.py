@@ -1,5 +1,5 @@
 """Small odd-length cases for compute-sanitizer (memcheck, racecheck, synccheck), in three parts;
-`python sanitize_case.py [dense] [varlen] [kvcache] [--dims=D,...] [--family=sm80|sm90]` runs the
+`python sanitize_case.py [dense] [varlen] [kvcache] [variants] [--dims=D,...] [--family=sm80|sm90]` runs the
 parts named (all without arguments; `forward` is dense's forward calls alone, for a change that
 touches only the forward kernels; --dims keeps dense's cases of those head dims; --family=sm90 runs
 dense's and varlen's cases on that kernel family alone, e.g. for racecheck, whose pass over every
@@ -27,7 +27,10 @@ one-row and odd-length ones, Sq != Sk per sequence, on each family.
 kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 and 256, a shuffled
 page table), empty and odd-length entries, Sq 1 and 3, one split and several, on both decode
 kernels (group · Sq up to 16 packed rows, and more), and again as a GPU with 99 KB of shared memory
-a CTA (FA_MAX_SHARED_MEMORY) would run some of them."""
+a CTA (FA_MAX_SHARED_MEMORY) would run some of them.
+variants: sliding windows with sinks (window_size, sinks) on the dense forward and backward of each
+head dim and family (left bounds inside a key tile and over several, right bounds, windows that
+leave rows no key), varlen, and the KV cache with one split and several."""
 
 import os
 import sys
@@ -44,7 +47,7 @@ family_args = [a[len("--family="):] for a in sys.argv[1:] if a.startswith("--fam
 unknown = [a for a in sys.argv[1:] if a.startswith("--") and not a.startswith(("--dims=", "--family="))]
 if unknown:
     sys.exit(f"unknown option {unknown[0]}: the options are --dims=D,... and --family=sm80|sm90")
-parts = [a for a in sys.argv[1:] if not a.startswith("--")] or ["dense", "varlen", "kvcache"]
+parts = [a for a in sys.argv[1:] if not a.startswith("--")] or ["dense", "varlen", "kvcache", "variants"]
 families = fa.build_info()["device_kernel_families"]
 if family_args:
     if family_args[0] not in families:
@@ -117,6 +120,41 @@ def kvcache_cases(heads_and_dims=((8, 64), (8, 128), (8, 256), (36, 64), (36, 12
                     fa.attention_kvcache(q, kp, torch.randn_like(kp), used, table, causal=sq == 3, num_splits=splits)
 
 
+def variants():
+    for family in families:
+        os.environ["FA_KERNEL_FAMILY"] = family
+        for (b, sq, sk, d) in ((1, 77, 133, 64), (2, 700, 300, 128), (1, 330, 900, 256), (1, 1100, 1100, 64)):
+            if head_dims is not None and d not in head_dims:
+                continue
+            for causal, window in ((True, (40, 0)), (False, (200, 9)), (False, (0, 0)), (True, (300, -1))):
+                q = torch.randn(b, 4, sq, d, device="cuda", dtype=torch.float16, requires_grad=True)
+                k = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=True)
+                v = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=True)
+                sinks = torch.randn(4, device="cuda", requires_grad=True)
+                out = fa.attention(q, k, v, causal=causal, window_size=window, sinks=sinks)
+                out.backward(torch.randn_like(out))
+        lengths_q, lengths_k = [0, 77, 1, 130, 200, 3], [61, 0, 133, 130, 5, 300]
+        cu_q = torch.tensor([0] + lengths_q, device="cuda").cumsum(0).int()
+        cu_k = torch.tensor([0] + lengths_k, device="cuda").cumsum(0).int()
+        q = torch.randn(sum(lengths_q), 4, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+        k = torch.randn(sum(lengths_k), 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+        v = torch.randn(sum(lengths_k), 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+        sinks = torch.randn(4, device="cuda", requires_grad=True)
+        out = fa.attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=True,
+                                  window_size=(50, 0), sinks=sinks)
+        out.backward(torch.randn_like(out))
+        print(f"sanitize case done: variants, {family}")
+    used = torch.tensor([0, 1, 77, 300, 513], dtype=torch.int32, device="cuda")
+    for hq, sq in ((8, 1), (36, 3)):
+        q = torch.randn(5, hq, sq, 128, device="cuda", dtype=torch.float16)
+        k = torch.randn(5, 2, 520, 128, device="cuda", dtype=torch.float16)
+        for splits in (1, 5):
+            fa.attention_kvcache(q, k, torch.randn_like(k), used, num_splits=splits, window_size=(100, 0),
+                                 sinks=torch.randn(hq, device="cuda"))
+    print("sanitize case done: variants, kvcache")
+
+
 for part in parts:
-    {"dense": dense, "forward": lambda: dense(backward=False), "varlen": varlen, "kvcache": kvcache}[part]()
+    {"dense": dense, "forward": lambda: dense(backward=False), "varlen": varlen, "kvcache": kvcache,
+     "variants": variants}[part]()
 torch.cuda.synchronize()
