@@ -146,20 +146,18 @@ def test_sinks_without_keys(device):
     assert torch.equal(lse, sinks.view(1, 2, 1).expand(1, 2, 3))
 
 
-def test_softcap_cpu_large_magnitudes():
-    # Scores of hundreds: the cap decides the softmax. (The CUDA kernels do not soft-cap yet.)
-    q, k, v = random_qkv(1, 2, 2, 90, 120, 64, torch.bfloat16, "cpu", magnitude=4.0)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_softcap_large_magnitudes(device, head_dim):
+    # Scores of hundreds: the cap decides the softmax.
+    q, k, v = random_qkv(1, 2, 2, 190, 260, head_dim, torch.bfloat16, device, magnitude=4.0)
     check_variant(q, k, v, True, (-1, 0), softcap=50.0)
-    check_variant(q, k, v, False, (30, 30), softcap=5.0, sinks=torch.randn(2))
+    check_variant(q, k, v, False, (-1, -1), softcap=50.0)
+    check_variant(q, k, v, False, (30, 30), softcap=5.0, sinks=torch.randn(2, device=device))
 
 
-@pytest.mark.gpu
-def test_softcap_raises_on_cuda():
-    if not torch.cuda.is_available() or not fa.build_info()["cuda_kernels_built"]:
-        pytest.skip("no CUDA GPU or no fa CUDA kernels")
-    q = torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(RuntimeError, match="softcap is not implemented in fa's CUDA kernels"):
-        fa.attention(q, q, q, softcap=30.0)
+def test_softcap_fp16_gqa(device):
+    q, k, v = random_qkv(2, 4, 1, 300, 300, 64, torch.float16, device, magnitude=2.0)
+    check_variant(q, k, v, True, (100, 0), softcap=20.0)
 
 
 def pack(seqs):
@@ -167,9 +165,10 @@ def pack(seqs):
                                                 dtype=torch.int32)
 
 
-@pytest.mark.parametrize("causal,window,with_sinks", [(True, (50, 0), False), (False, (20, 31), True),
-                                                      (True, (-1, 0), True)], ids=["causal-window", "window-sinks", "sinks"])
-def test_varlen(device, causal, window, with_sinks):
+@pytest.mark.parametrize("causal,window,with_sinks,softcap", [(True, (50, 0), False, 0.0), (False, (20, 31), True, 0.0),
+                                                              (True, (-1, 0), True, 0.0), (True, (70, 0), False, 30.0)],
+                         ids=["causal-window", "window-sinks", "sinks", "window-softcap"])
+def test_varlen(device, causal, window, with_sinks, softcap):
     skip_unless_built(64, device)
     lens_q, lens_k = [1, 130, 0, 257, 64], [1, 200, 5, 257, 30]
     hq, hk, d, dtype = 4, 2, 64, torch.bfloat16
@@ -187,7 +186,7 @@ def test_varlen(device, causal, window, with_sinks):
     if sinks is not None:
         sinks.requires_grad_()
     out, lse = fa.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, window_size=window,
-                                   sinks=sinks, return_lse=True)
+                                   softcap=softcap, sinks=sinks, return_lse=True)
     dout = torch.randn_like(out)
     out.backward(dout)
     for i in range(len(lens_q)):
@@ -195,16 +194,16 @@ def test_varlen(device, causal, window, with_sinks):
         if lens_q[i] == 0:
             continue
         sub = [t.detach()[r].transpose(0, 1).unsqueeze(0) for t, r in ((q, rq), (k, rk), (v, rk))]
-        ref_out, ref_lse = variant_attention(*sub, causal, window, 0.0, sinks.detach() if with_sinks else None)
-        lowp_out, _ = variant_attention(*sub, causal, window, 0.0, sinks.detach() if with_sinks else None, dtype=dtype)
+        ref_out, ref_lse = variant_attention(*sub, causal, window, softcap, sinks.detach() if with_sinks else None)
+        lowp_out, _ = variant_attention(*sub, causal, window, softcap, sinks.detach() if with_sinks else None, dtype=dtype)
         assert_within_lowp_error(f"out[{i}]", out[rq].transpose(0, 1).unsqueeze(0), ref_out, lowp_out)
         finite = torch.isfinite(ref_lse[0])
         assert torch.equal(torch.isfinite(lse[:, rq]), finite)
         # Gradients of this sequence through the reference: dq of its rows, dk/dv of its keys.
-        ref = run_and_grads(lambda a, b, c: variant_attention(a, b, c, causal, window, 0.0,
+        ref = run_and_grads(lambda a, b, c: variant_attention(a, b, c, causal, window, softcap,
                                                               sinks.detach() if with_sinks else None)[0],
                             sub, dout.detach()[rq].transpose(0, 1).unsqueeze(0))
-        lowp = run_and_grads(lambda a, b, c: variant_attention(a, b, c, causal, window, 0.0,
+        lowp = run_and_grads(lambda a, b, c: variant_attention(a, b, c, causal, window, softcap,
                                                                sinks.detach() if with_sinks else None, dtype=dtype)[0],
                              sub, dout.detach()[rq].transpose(0, 1).unsqueeze(0))
         for name, g, r, lp in zip(("dq", "dk", "dv"), (q.grad[rq], k.grad[rk], v.grad[rk]), ref[1:], lowp[1:]):
@@ -218,7 +217,7 @@ def test_varlen(device, causal, window, with_sinks):
             if lens_q[i] == 0:
                 continue
             sub = [t.detach()[r].transpose(0, 1).unsqueeze(0) for t, r in ((q, rq), (k, rk), (v, rk))]
-            o, _ = variant_attention(*sub, causal, window, 0.0, s64)
+            o, _ = variant_attention(*sub, causal, window, softcap, s64)
             total = total + (o * dout.detach()[rq].transpose(0, 1).unsqueeze(0).double()).sum()
         total.backward()
         tol = 2e-2 * s64.grad.abs().max().item() + 1e-3
@@ -234,12 +233,14 @@ def test_kvcache(device, paged, num_splits, hq, sq):
     q, k_cache, v_cache, seqlens, page_table, keys, values = make_cache(
         used, hq, 2, sq, 64, torch.float16, device, capacity=320, page_size=16 if paged else None)
     sinks = torch.randn(hq, device=device)
-    for causal, window in ((True, (40, 0)), (False, (100, -1)), (True, (-1, 0))):
+    for causal, window, softcap in ((True, (40, 0), 0.0), (False, (100, -1), 0.0), (True, (-1, 0), 0.0),
+                                    (True, (60, 0), 25.0)):
         out, lse = fa.attention_kvcache(q, k_cache, v_cache, seqlens, page_table, causal=causal, window_size=window,
-                                        num_splits=num_splits, sinks=sinks, return_lse=True)
+                                        num_splits=num_splits, softcap=softcap, sinks=sinks, return_lse=True)
         for b, n in enumerate(used):
-            ref_out, ref_lse = variant_attention(q[b:b + 1], keys[b], values[b], causal, window, 0.0, sinks)
-            lowp_out, _ = variant_attention(q[b:b + 1], keys[b], values[b], causal, window, 0.0, sinks, dtype=q.dtype)
+            ref_out, ref_lse = variant_attention(q[b:b + 1], keys[b], values[b], causal, window, softcap, sinks)
+            lowp_out, _ = variant_attention(q[b:b + 1], keys[b], values[b], causal, window, softcap, sinks,
+                                            dtype=q.dtype)
             assert_within_lowp_error(f"out[{b}]", out[b:b + 1], ref_out, lowp_out)
             assert (lse[b:b + 1].double() - ref_lse).abs().max().item() < 1e-3
 
@@ -272,9 +273,10 @@ def test_sinks_on_another_device_raise():
 def test_opcheck_with_variants(device):
     q, k, v = random_qkv(1, 2, 2, 40, 50, 64, torch.float16, device)
     sinks = torch.randn(2, device=device)
-    torch.library.opcheck(torch.ops.fa.forward.default, (q, k, v, None, True, 7, 0, 0.0, sinks))
-    out, lse = torch.ops.fa.forward.default(q, k, v, None, False, 7, 3, 0.0, sinks)
-    torch.library.opcheck(torch.ops.fa.backward.default, (torch.randn_like(out), q, k, v, out, lse, None, False, 7, 3))
+    torch.library.opcheck(torch.ops.fa.forward.default, (q, k, v, None, True, 7, 0, 30.0, sinks))
+    out, lse = torch.ops.fa.forward.default(q, k, v, None, False, 7, 3, 30.0, sinks)
+    torch.library.opcheck(torch.ops.fa.backward.default,
+                          (torch.randn_like(out), q, k, v, out, lse, None, False, 7, 3, 30.0))
 
 
 def test_compile_fullgraph_with_variants(device):
@@ -283,7 +285,8 @@ def test_compile_fullgraph_with_variants(device):
 
     @torch.compile(fullgraph=True)
     def step(q, k, v, sinks):
-        return fa.attention(q, k, v, causal=True, window_size=(15, 0), sinks=sinks).float().square().sum()
+        return fa.attention(q, k, v, causal=True, window_size=(15, 0), softcap=30.0,
+                            sinks=sinks).float().square().sum()
 
     step(q, k, v, sinks).backward()
     assert sinks.grad is not None and torch.isfinite(sinks.grad).all()

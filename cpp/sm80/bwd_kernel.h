@@ -37,6 +37,7 @@
 #include "common/attention_mask.h"
 #include "common/backward_rows.h"
 #include "common/sequence.h"
+#include "common/softcap.h"
 #include "fa/params.h"
 #include "sm80/dq_reduce.h"
 #include "sm80/fragments.h"
@@ -267,6 +268,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     clear(acc_s);
     gemm_smem_smem(acc_s, tSrQ, thr_copy_a_sdp.retile_D(tSrQ), thr_copy_a_sdp.partition_S(sQ(stage)), copy_a_sdp,
                    tSrK, thr_copy_b_sdp.retile_D(tSrK), tSsK, copy_b_sdp, mma_sdp);
+    if (params.softcap_scale != 0.f) softcap_scores(acc_s, params.softcap_scale);
     if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) mask.apply(acc_s, tScS, row_begin, key_begin);
     Tensor probs = rowcol_view(acc_s);
     CUTE_UNROLL
@@ -290,6 +292,16 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       CUTE_UNROLL
       for (int c = 0; c < size<1>(dscores); ++c) {
         dscores(r, c) = probs(r, c) * (dscores(r, c) - row_delta[r]);
+      }
+    }
+    if (params.softcap_scale != 0.f) {  // the raw score's gradient (common/softcap.h)
+      const float inv_scale_log2 = 1.f / params.scale_log2;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(dscores); ++c) {
+          dscores(r, c) *= softcap_derivative(probs(r, c), lse_log2[r], inv_scale_log2);
+        }
       }
     }
 

@@ -53,6 +53,7 @@
 #include "common/fragment_convert.h"
 #include "common/grid_dependency.h"
 #include "common/sequence.h"
+#include "common/softcap.h"
 #include "fa/params.h"
 #include "sm90/bwd_epilogue.h"
 #include "sm90/bwd_load.h"
@@ -208,6 +209,7 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       // The previous step's dK (issued before this Sᵀ, and wgmma groups complete in order) is done:
       // its Q buffer may take the next load.
       if (kDkIntoNextStep && t > 0) release_q();
+      if (p.softcap_scale != 0.f) softcap_scores(acc_s, p.softcap_scale);
       if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) {
         mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
       }
@@ -230,6 +232,16 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
         CUTE_UNROLL
         for (int r = 0; r < size<0>(dscores); ++r) {
           dscores(r, c) = probs(r, c) * (dscores(r, c) - column(row_delta, delta, c));
+        }
+      }
+      if (p.softcap_scale != 0.f) {  // the raw score's gradient (common/softcap.h)
+        const float inv_scale_log2 = 1.f / p.scale_log2;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(dscores); ++c) {
+          CUTE_UNROLL
+          for (int r = 0; r < size<0>(dscores); ++r) {
+            dscores(r, c) *= softcap_derivative(probs(r, c), column(row_lse, lse_log2, c), inv_scale_log2);
+          }
         }
       }
       Tensor rdS = convert_fragment<Element>(acc_dp);

@@ -237,15 +237,21 @@ void fill_forward_params(ForwardParams& p, const Tensor& q, const Tensor& k, con
   p.scale_log2 = scale * static_cast<float>(M_LOG2E);
 }
 
-// The variant's bounds and sinks into p. A window bound past every key is no bound in effect; the
-// kernels clamp them (common/attention_mask.h), so any int is fine here.
-void set_variant(ForwardParams& p, const Variant& v, const char* op) {
-  FA_CHECK(v.softcap == 0, op, ": softcap is not implemented in fa's CUDA kernels yet (the CPU path has it); "
-           "call without softcap or on CPU tensors");
+// The variant's bounds, sinks and soft-capping into p (after fill_forward_params: soft-capping
+// moves the softmax's scale onto the capped scores, common/softcap.h; the backward keeps p.scale,
+// by which it scales dQ and dK). A window bound past every key is no bound in effect; the kernels
+// clamp them (common/attention_mask.h), so any int is fine here.
+void set_variant(ForwardParams& p, const Variant& v, Direction direction) {
   auto bound = [](int64_t b) { return static_cast<int>(std::min<int64_t>(b, int64_t(1) << 30)); };
   p.window_left = bound(v.window_left);
   p.window_right = bound(v.window_right);
   p.sinks = v.sinks ? static_cast<const float*>(v.sinks->data_ptr()) : nullptr;
+  if (v.softcap > 0) {
+    const float softcap = static_cast<float>(v.softcap);
+    p.softcap_scale = p.scale / softcap;
+    p.scale_log2 = softcap * static_cast<float>(M_LOG2E);
+    if (direction == Direction::kForward) p.scale = softcap;
+  }
 }
 
 // Launches the forward kernels of `kernels` for p on q's current stream; local: causal or a
@@ -285,7 +291,7 @@ void forward_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, const
   const Tensor k = aligned_for_kernels(k_in);
   const Tensor v = aligned_for_kernels(v_in);
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
-  set_variant(p, variant, op);
+  set_variant(p, variant, Direction::kForward);
   run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, op), variant.local(), op);
 }
 
@@ -369,7 +375,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
 
   ForwardParams p;
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
-  set_variant(p, variant, op);
+  set_variant(p, variant, Direction::kForward);
   p.seqused_k = static_cast<const int*>(cache_seqlens.data_ptr());
   if (page_table) {
     // (num_pages, page_size, Hk, D): the page stride in the batch slot, rows within a page.
@@ -447,7 +453,7 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   float* const base = static_cast<float*>(workspace.data_ptr());
 
   fill_forward_params(p, q, in.k, in.v, in.out, in.lse, s, scale);
-  set_variant(p, variant, op);
+  set_variant(p, variant, Direction::kBackward);
   p.dout = in.dout.data_ptr();
   p.dout_stride = strides_of(in.dout);
   p.dq = g.dq.data_ptr();
