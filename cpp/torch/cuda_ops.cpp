@@ -338,14 +338,16 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor&
 // most one split per 256 keys of the cache's capacity and kMaxSplits. Measured on the H100
 // (docs/tried.md, decoding): a split count that gives each SM one decode CTA is the best or level with
 // the best (B1, 8 kv heads, 131072 keys: 90% of the copy bandwidth with 16 splits, 88% with 33,
-// 80% with 24), and a second split where the CTAs already fill the GPU costs 1-9%.
-int64_t default_splits(const KVCacheShape& s, const Tensor& q) {
+// 80% with 24), and a second split where the CTAs already fill the GPU costs 1-9%. With a window
+// the keys counted are the window's (a row sees at most window_left + 1 of them).
+int64_t default_splits(const KVCacheShape& s, const Variant& v, const Tensor& q) {
   int sms = 0;
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device_index()), "fa.forward_kvcache");
   // A CTA per kv head and decode_block_m rows of its group's queries (the decode kernels pack them).
   const int64_t rows = s.group_size() * s.seqlen_q;
   const int64_t ctas = s.batch * s.heads_kv * ((rows + decode_block_m(rows) - 1) / decode_block_m(rows));
-  return std::max<int64_t>(1, std::min({sms / ctas, (s.seqlen_k + 255) / 256, kMaxSplits}));
+  const int64_t keys = v.window_left >= 0 ? std::min(s.seqlen_k, v.window_left + s.seqlen_q) : s.seqlen_k;
+  return std::max<int64_t>(1, std::min({sms / ctas, (keys + 255) / 256, kMaxSplits}));
 }
 
 std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -369,7 +371,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
   const Tensor cache_seqlens = dense_last_dim(cache_seqlens_in);
   std::optional<Tensor> page_table;
   if (page_table_in) page_table = dense_last_dim(*page_table_in);
-  const int64_t splits = num_splits > 0 ? num_splits : default_splits(s, q);
+  const int64_t splits = num_splits > 0 ? num_splits : default_splits(s, variant, q);
   FA_CHECK(s.batch * splits <= kMaxGridYZ, op, ": batch · num_splits must be at most ", str_of(kMaxGridYZ),
            ", got ", str_of(s.batch), " · ", str_of(splits));
 
