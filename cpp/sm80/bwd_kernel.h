@@ -280,6 +280,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
     Tensor rP = convert_fragment<Element>(acc_s);
     copy(store_pds, thr_store_pds.retile_S(rP), tPsP);
+    if (params.softcap_scale != 0.f) {
+      // P's fp32 copy (dS's factor; dV takes rP) times the tanh's derivative: dS is then the raw
+      // score's gradient (common/softcap.h). In place, so that no value lives longer.
+      const float inv_scale_log2 = 1.f / params.scale_log2;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(probs); ++c) {
+          probs(r, c) *= softcap_derivative(probs(r, c), lse_log2[r], inv_scale_log2);
+        }
+      }
+    }
 
     // dS = P ∘ (dO Vᵀ - delta).
     Tensor acc_dp = partition_fragment_C(mma_sdp, STile{});
@@ -294,16 +306,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         dscores(r, c) = probs(r, c) * (dscores(r, c) - row_delta[r]);
       }
     }
-    if (params.softcap_scale != 0.f) {  // the raw score's gradient (common/softcap.h)
-      const float inv_scale_log2 = 1.f / params.scale_log2;
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(dscores); ++c) {
-          dscores(r, c) *= softcap_derivative(probs(r, c), lse_log2[r], inv_scale_log2);
-        }
-      }
-    }
+
 
     Tensor rdS = convert_fragment<Element>(acc_dp);
     copy(store_pds, thr_store_pds.retile_S(rdS), tdSsdS);

@@ -184,6 +184,18 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
         for (int c = 0; c < size<1>(probs); ++c) probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - row_lse[r]);
       }
       Tensor rP = convert_fragment<Element>(acc_s);
+      if (p.softcap_scale != 0.f) {
+        // P's fp32 copy (dS's factor; dV takes rP) times the tanh's derivative: dS is then the raw
+        // score's gradient (common/softcap.h). In place, so that no value lives longer.
+        const float inv_scale_log2 = 1.f / p.scale_log2;
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(probs); ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(probs); ++c) {
+            probs(r, c) *= softcap_derivative(probs(r, c), row_lse[r], inv_scale_log2);
+          }
+        }
+      }
       // dS = P ∘ (dP - delta).
       gemm_wait<0>(acc_dp);
       auto dscores = rowcol_view(acc_dp);
@@ -192,16 +204,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
         CUTE_UNROLL
         for (int c = 0; c < size<1>(dscores); ++c) dscores(r, c) = probs(r, c) * (dscores(r, c) - row_delta[r]);
       }
-      if (p.softcap_scale != 0.f) {  // the raw score's gradient (common/softcap.h)
-        const float inv_scale_log2 = 1.f / p.scale_log2;
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(dscores); ++r) {
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(dscores); ++c) {
-            dscores(r, c) *= softcap_derivative(probs(r, c), row_lse[r], inv_scale_log2);
-          }
-        }
-      }
+
       Tensor rdS = convert_fragment<Element>(acc_dp);
 
       // P and dS to buffer t % 2 (its previous readers, step t - 2's GEMMs, finished before both

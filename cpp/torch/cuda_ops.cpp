@@ -152,10 +152,12 @@ Kernels forward_kernels(const std::string& arch, int64_t head_dim, const char* o
 // The backward: the Hopper family where it has a kernel (head dims up to 128 for now), else the
 // Ampere family, also under FA_KERNEL_FAMILY=sm90 (the forward of those head dims is Hopper's;
 // the pair stays one consistent choice per call).
-Kernels backward_kernels(const std::string& arch, int64_t head_dim, const char* op) {
+// A soft-capped backward of head dim <= 64 runs on the Ampere family: the Hopper family's D = 64
+// backward has no soft-capping (sm90::BackwardConfig::kSoftcap).
+Kernels backward_kernels(const std::string& arch, int64_t head_dim, bool softcap, const char* op) {
   const std::string want = family_setting(op);
   const int sm90_head_dim = arch == "90a" ? family_head_dim(Family::kSm90, head_dim, Direction::kBackward) : 0;
-  if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim};
+  if (want != "sm80" && sm90_head_dim != 0 && !(softcap && sm90_head_dim <= 64)) return {Family::kSm90, sm90_head_dim};
   return {Family::kSm80, kernel_head_dim(head_dim, op)};
 }
 
@@ -507,7 +509,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
 
   BackwardParams p;
   run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
-                       backward_kernels(arch, s.head_dim, op), variant, op);
+                       backward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant, op);
   return {g.dq, g.dk, g.dv};
 }
 
@@ -534,7 +536,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, c
   BackwardParams p;
   set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
   run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
-                       backward_kernels(arch, s.head_dim, op), variant, op);
+                       backward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant, op);
   return {g.dq, g.dk, g.dv};
 }
 
