@@ -37,7 +37,6 @@
 #include "common/attention_mask.h"
 #include "common/backward_rows.h"
 #include "common/sequence.h"
-#include "common/softcap.h"
 #include "fa/params.h"
 #include "sm80/dq_reduce.h"
 #include "sm80/fragments.h"
@@ -268,7 +267,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     clear(acc_s);
     gemm_smem_smem(acc_s, tSrQ, thr_copy_a_sdp.retile_D(tSrQ), thr_copy_a_sdp.partition_S(sQ(stage)), copy_a_sdp,
                    tSrK, thr_copy_b_sdp.retile_D(tSrK), tSsK, copy_b_sdp, mma_sdp);
-    if (params.softcap_scale != 0.f) softcap_scores(acc_s, params.softcap_scale);
     if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) mask.apply(acc_s, tScS, row_begin, key_begin);
     Tensor probs = rowcol_view(acc_s);
     CUTE_UNROLL
@@ -280,18 +278,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
     Tensor rP = convert_fragment<Element>(acc_s);
     copy(store_pds, thr_store_pds.retile_S(rP), tPsP);
-    if (params.softcap_scale != 0.f) {
-      // P's fp32 copy (dS's factor; dV takes rP) times the tanh's derivative: dS is then the raw
-      // score's gradient (common/softcap.h). In place, so that no value lives longer.
-      const float inv_scale_log2 = 1.f / params.scale_log2;
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(probs); ++c) {
-          probs(r, c) *= softcap_derivative(probs(r, c), lse_log2[r], inv_scale_log2);
-        }
-      }
-    }
 
     // dS = P ∘ (dO Vᵀ - delta).
     Tensor acc_dp = partition_fragment_C(mma_sdp, STile{});
@@ -306,7 +292,6 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         dscores(r, c) = probs(r, c) * (dscores(r, c) - row_delta[r]);
       }
     }
-
 
     Tensor rdS = convert_fragment<Element>(acc_dp);
     copy(store_pds, thr_store_pds.retile_S(rdS), tdSsdS);

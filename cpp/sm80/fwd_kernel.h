@@ -38,7 +38,6 @@
 
 #include "common/attention_mask.h"
 #include "common/online_softmax.h"
-#include "common/softcap.h"
 #include "common/sequence.h"
 #include "fa/params.h"
 #include "sm80/decode_rows.h"
@@ -302,7 +301,6 @@ __global__ void __launch_bounds__(Config::kThreads)
 
     gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q,
                    tSrK, smem_thr_k.retile_D(tSrK), pick(stage, tSsK), smem_copy_k, mma);
-    if (params.softcap_scale != 0.f) softcap_scores(acc_s, params.softcap_scale);
     if constexpr (kMasked && kDecode) {  // packed rows: each row's position, not its index
       CUTE_UNROLL
       for (int i = 0; i < size(acc_s); ++i) {

@@ -139,10 +139,6 @@ struct BackwardConfig {
   // time at the power limit. At D = 128 the main kernel slowed by about what the pre-pass saved
   // (level at the limit; docs/tried.md, 5a12417).
   static constexpr bool kRowsInMainKernel = kHeadDim != 128;
-  // Soft-capping (common/softcap.h) above head dim 64: at 64 its dS factor, between P's conversion
-  // and dP's wait, left ptxas 300 bytes of spills in the 128-query-column steps, and the binding
-  // sends a soft-capped backward of head dim 64 to the Ampere family instead.
-  static constexpr bool kSoftcap = kHeadDim > 64;
   // How much of L2 the causal order's sections may fill (BackwardTileOrder: (batch, kv head) units
   // whose Q, dO and dQ workspace rows stream through L2 together, their key tiles longest first).
   // 20 MB at D = 128: timed call by call against 40 MB in one process (bench.py --interleave,

@@ -53,7 +53,6 @@
 #include "common/fragment_convert.h"
 #include "common/grid_dependency.h"
 #include "common/sequence.h"
-#include "common/softcap.h"
 #include "fa/params.h"
 #include "sm90/bwd_epilogue.h"
 #include "sm90/bwd_load.h"
@@ -209,9 +208,6 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       // The previous step's dK (issued before this Sᵀ, and wgmma groups complete in order) is done:
       // its Q buffer may take the next load.
       if (kDkIntoNextStep && t > 0) release_q();
-      if constexpr (Config::kSoftcap) {
-        if (p.softcap_scale != 0.f) softcap_scores(acc_s, p.softcap_scale);
-      }
       if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) {
         mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
       }
@@ -224,20 +220,6 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
         }
       }
       Tensor rP = convert_fragment<Element>(acc_s);
-      if constexpr (Config::kSoftcap) {
-        if (p.softcap_scale != 0.f) {
-          // P's fp32 copy (dS's factor; dV takes rP) times the tanh's derivative: dS is then the
-          // raw score's gradient (common/softcap.h). In place, so that no value lives longer.
-          const float inv_scale_log2 = 1.f / p.scale_log2;
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(probs); ++c) {
-            CUTE_UNROLL
-            for (int r = 0; r < size<0>(probs); ++r) {
-              probs(r, c) *= softcap_derivative(probs(r, c), column(row_lse, lse_log2, c), inv_scale_log2);
-            }
-          }
-        }
-      }
       if constexpr (kRowsEarly) read_columns(delta, row_delta);
 
       // dSᵀ = Pᵀ ∘ (dPᵀ - delta).
@@ -250,7 +232,6 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
           dscores(r, c) = probs(r, c) * (dscores(r, c) - column(row_delta, delta, c));
         }
       }
-
       Tensor rdS = convert_fragment<Element>(acc_dp);
 
       // dSᵀ to shared memory (buffer t % 2: its previous readers, step t - 2's GEMMs, finished

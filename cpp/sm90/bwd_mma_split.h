@@ -19,7 +19,6 @@
 #include "common/attention_mask.h"
 #include "common/fragment_convert.h"
 #include "common/sequence.h"
-#include "common/softcap.h"
 #include "fa/params.h"
 #include "sm90/bwd_epilogue.h"
 #include "sm90/bwd_load.h"
@@ -174,7 +173,6 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       // past seqlen_q: P = 0); masked: keys past seqlen_k and, causal, after a row's diagonal.
       gemm_wait<1>(acc_s);
       auto probs = rowcol_view(acc_s);
-      if (p.softcap_scale != 0.f) softcap_scores(acc_s, p.softcap_scale);
       if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) {
         mask.apply_rows(probs, score_coords, row_begin, key_begin);
       }
@@ -184,18 +182,6 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
         for (int c = 0; c < size<1>(probs); ++c) probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - row_lse[r]);
       }
       Tensor rP = convert_fragment<Element>(acc_s);
-      if (p.softcap_scale != 0.f) {
-        // P's fp32 copy (dS's factor; dV takes rP) times the tanh's derivative: dS is then the raw
-        // score's gradient (common/softcap.h). In place, so that no value lives longer.
-        const float inv_scale_log2 = 1.f / p.scale_log2;
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(probs); ++r) {
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(probs); ++c) {
-            probs(r, c) *= softcap_derivative(probs(r, c), row_lse[r], inv_scale_log2);
-          }
-        }
-      }
       // dS = P ∘ (dP - delta).
       gemm_wait<0>(acc_dp);
       auto dscores = rowcol_view(acc_dp);
@@ -204,7 +190,6 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
         CUTE_UNROLL
         for (int c = 0; c < size<1>(dscores); ++c) dscores(r, c) = probs(r, c) * (dscores(r, c) - row_delta[r]);
       }
-
       Tensor rdS = convert_fragment<Element>(acc_dp);
 
       // P and dS to buffer t % 2 (its previous readers, step t - 2's GEMMs, finished before both

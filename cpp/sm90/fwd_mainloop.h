@@ -17,7 +17,6 @@
 
 #include "common/attention_mask.h"
 #include "common/online_softmax.h"
-#include "common/softcap.h"
 #include "fa/params.h"
 #include "sm90/fragments.h"
 #include "sm90/named_barriers.h"
@@ -104,7 +103,6 @@ struct ForwardMainloop {
     auto softmax_of = [&](int n, auto masked, auto first_rows) {
       constexpr int kFirstRows = decltype(first_rows)::value;
       auto scores = rowcol_view(acc_s);
-      if (p.softcap_scale != 0.f) softcap_scores(acc_s, p.softcap_scale);
       if constexpr (decltype(masked)::value == kMasked) {
         mask.apply_rows(scores, rowcol_view(tScS), row0, n * kBlockN);
       } else if constexpr (decltype(masked)::value == kLeftMasked) {

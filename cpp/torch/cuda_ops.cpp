@@ -152,12 +152,10 @@ Kernels forward_kernels(const std::string& arch, int64_t head_dim, const char* o
 // The backward: the Hopper family where it has a kernel (head dims up to 128 for now), else the
 // Ampere family, also under FA_KERNEL_FAMILY=sm90 (the forward of those head dims is Hopper's;
 // the pair stays one consistent choice per call).
-// A soft-capped backward of head dim <= 64 runs on the Ampere family: the Hopper family's D = 64
-// backward has no soft-capping (sm90::BackwardConfig::kSoftcap).
-Kernels backward_kernels(const std::string& arch, int64_t head_dim, bool softcap, const char* op) {
+Kernels backward_kernels(const std::string& arch, int64_t head_dim, const char* op) {
   const std::string want = family_setting(op);
   const int sm90_head_dim = arch == "90a" ? family_head_dim(Family::kSm90, head_dim, Direction::kBackward) : 0;
-  if (want != "sm80" && sm90_head_dim != 0 && !(softcap && sm90_head_dim <= 64)) return {Family::kSm90, sm90_head_dim};
+  if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim};
   return {Family::kSm80, kernel_head_dim(head_dim, op)};
 }
 
@@ -239,21 +237,16 @@ void fill_forward_params(ForwardParams& p, const Tensor& q, const Tensor& k, con
   p.scale_log2 = scale * static_cast<float>(M_LOG2E);
 }
 
-// The variant's bounds, sinks and soft-capping into p (after fill_forward_params: soft-capping
-// moves the softmax's scale onto the capped scores, common/softcap.h; the backward keeps p.scale,
-// by which it scales dQ and dK). A window bound past every key is no bound in effect; the kernels
-// clamp them (common/attention_mask.h), so any int is fine here.
-void set_variant(ForwardParams& p, const Variant& v, Direction direction) {
+// The variant's bounds and sinks into p. A window bound past every key is no bound in effect; the
+// kernels clamp them (common/attention_mask.h), so any int is fine here.
+void set_variant(ForwardParams& p, const Variant& v, const char* op) {
+  // Soft-capping in the kernels as a run-time branch cost 3-5% on plain calls (docs/tried.md).
+  FA_CHECK(v.softcap == 0, op, ": softcap is not implemented in fa's CUDA kernels yet (the CPU path has it); "
+           "call without softcap or on CPU tensors");
   auto bound = [](int64_t b) { return static_cast<int>(std::min<int64_t>(b, int64_t(1) << 30)); };
   p.window_left = bound(v.window_left);
   p.window_right = bound(v.window_right);
   p.sinks = v.sinks ? static_cast<const float*>(v.sinks->data_ptr()) : nullptr;
-  if (v.softcap > 0) {
-    const float softcap = static_cast<float>(v.softcap);
-    p.softcap_scale = p.scale / softcap;
-    p.scale_log2 = softcap * static_cast<float>(M_LOG2E);
-    if (direction == Direction::kForward) p.scale = softcap;
-  }
 }
 
 // Launches the forward kernels of `kernels` for p on q's current stream; local: causal or a
@@ -293,7 +286,7 @@ void forward_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, const
   const Tensor k = aligned_for_kernels(k_in);
   const Tensor v = aligned_for_kernels(v_in);
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
-  set_variant(p, variant, Direction::kForward);
+  set_variant(p, variant, op);
   run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, op), variant.local(), op);
 }
 
@@ -379,7 +372,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
 
   ForwardParams p;
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
-  set_variant(p, variant, Direction::kForward);
+  set_variant(p, variant, op);
   p.seqused_k = static_cast<const int*>(cache_seqlens.data_ptr());
   if (page_table) {
     // (num_pages, page_size, Hk, D): the page stride in the batch slot, rows within a page.
@@ -457,7 +450,7 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   float* const base = static_cast<float*>(workspace.data_ptr());
 
   fill_forward_params(p, q, in.k, in.v, in.out, in.lse, s, scale);
-  set_variant(p, variant, Direction::kBackward);
+  set_variant(p, variant, op);
   p.dout = in.dout.data_ptr();
   p.dout_stride = strides_of(in.dout);
   p.dq = g.dq.data_ptr();
@@ -509,7 +502,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
 
   BackwardParams p;
   run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
-                       backward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant, op);
+                       backward_kernels(arch, s.head_dim, op), variant, op);
   return {g.dq, g.dk, g.dv};
 }
 
@@ -536,7 +529,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, c
   BackwardParams p;
   set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
   run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
-                       backward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant, op);
+                       backward_kernels(arch, s.head_dim, op), variant, op);
   return {g.dq, g.dk, g.dv};
 }
 
