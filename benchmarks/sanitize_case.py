@@ -28,7 +28,7 @@ kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 a
 page table), empty and odd-length entries, Sq 1 and 3, one split and several, on both decode
 kernels (group · Sq up to 16 packed rows, and more), and again as a GPU with 99 KB of shared memory
 a CTA (FA_MAX_SHARED_MEMORY) would run some of them.
-variants: sliding windows with sinks (window_size, sinks; one with softcap) on the dense forward and backward of each
+variants: sliding windows with sinks (window_size, sinks) on the dense forward and backward of each
 head dim and family (left bounds inside a key tile and over several, right bounds, windows that
 leave rows no key), varlen, and the KV cache with one split and several."""
 
@@ -131,8 +131,7 @@ def variants():
                 k = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=True)
                 v = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=True)
                 sinks = torch.randn(4, device="cuda", requires_grad=True)
-                out = fa.attention(q, k, v, causal=causal, window_size=window, sinks=sinks,
-                                   softcap=30.0 if window[0] == 40 else 0.0)
+                out = fa.attention(q, k, v, causal=causal, window_size=window, sinks=sinks)
                 out.backward(torch.randn_like(out))
         lengths_q, lengths_k = [0, 77, 1, 130, 200, 3], [61, 0, 133, 130, 5, 300]
         cu_q = torch.tensor([0] + lengths_q, device="cuda").cumsum(0).int()
@@ -151,7 +150,7 @@ def variants():
         k = torch.randn(5, 2, 520, 128, device="cuda", dtype=torch.float16)
         for splits in (1, 5):
             fa.attention_kvcache(q, k, torch.randn_like(k), used, num_splits=splits, window_size=(100, 0),
-                                 softcap=20.0, sinks=torch.randn(hq, device="cuda"))
+                                 sinks=torch.randn(hq, device="cuda"))
     print("sanitize case done: variants, kvcache")
 
 
