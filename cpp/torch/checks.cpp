@@ -1,5 +1,7 @@
 #include "checks.h"
 
+#include "outputs.h"  // dense_last_dim
+
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -271,13 +273,7 @@ Variant check_variant(const char* op, bool causal, int64_t window_left, int64_t 
     FA_CHECK(t.dim() == 1 && t.size(0) == heads_q, op, ": sinks must be 1-D (heads_q,) = (", str_of(heads_q),
              ",), one logit a query head, got shape ", shape_of(t));
     FA_CHECK(same_device(t, q), op, ": sinks is on ", device_name(t), " but q is on ", device_name(q));
-    if (t.size(0) > 1 && t.stride(0) != 1) {
-      Tensor dense = torch::stable::new_empty(t, t.sizes());
-      torch::stable::copy_(dense, t);
-      v.sinks = dense;
-    } else {
-      v.sinks = t;
-    }
+    v.sinks = dense_last_dim(t);
   }
   return v;
 }
