@@ -24,8 +24,11 @@ def expect(match, fn, *args, **kwargs):
 
 
 def test_wrong_dtype(device):
-    q, k, v = qkv(device, dtype=torch.float32)
-    expect(r"q\.dtype must be float16 or bfloat16, got Float", forward, q, k, v)
+    q, k, v = qkv(device, dtype=torch.float64)
+    expect(r"q\.dtype must be float16 or bfloat16 \(float32 too on the CPU\), got Double", forward, q, k, v)
+    if device == "cuda":  # the CPU path takes float32 (the reference, and transformers' CPU models)
+        q, k, v = qkv(device, dtype=torch.float32)
+        expect(r"q\.dtype must be float16 or bfloat16 \(float32 too on the CPU\), got Float on CUDA", forward, q, k, v)
 
 
 def test_mixed_dtypes(device):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import fa
-from helpers import assert_within_lowp_error, kernel_names, naive_attention, poison_cuda_allocator, random_qkv
+from helpers import (assert_within_lowp_error, kernel_names, naive_attention, naive_attention_grads,
+                     poison_cuda_allocator, random_qkv)
 
 
 def run_forward(q, k, v, causal=False, scale=None):
@@ -260,6 +261,26 @@ def test_attention_api(device):
     out2, lse = fa.attention(q, k, v, causal=True, return_lse=True, scale=None)
     ref, ref_lse = torch.ops.fa.forward(q, k, v, None, True)
     assert torch.equal(out, ref) and torch.equal(out2, ref) and torch.equal(lse, ref_lse)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_float32_on_the_cpu(causal):
+    # The CPU path also takes float32 (models run in float32 on the CPU), forward and backward.
+    q, k, v = random_qkv(2, 4, 2, 77, 90, 64, torch.float32, "cpu")
+    dout = torch.randn_like(q)
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    out, lse = fa.attention(q, k, v, causal=causal, return_lse=True)
+    assert out.dtype == torch.float32
+    ref, ref_lse = naive_attention(q.detach(), k.detach(), v.detach(), causal, None, torch.float64)
+    lowp, _ = naive_attention(q.detach(), k.detach(), v.detach(), causal, None, torch.float32)
+    assert_within_lowp_error("out", out.detach(), ref, lowp)
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-5
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    refs = naive_attention_grads(q.detach(), k.detach(), v.detach(), dout, causal, None, torch.float64)
+    lowps = naive_attention_grads(q.detach(), k.detach(), v.detach(), dout, causal, None, torch.float32)
+    for name, got, r, lo in zip("dq dk dv".split(), grads, refs, lowps):
+        assert got.dtype == torch.float32
+        assert_within_lowp_error(name, got, r, lo)
 
 
 @pytest.mark.gpu

@@ -149,6 +149,48 @@ def test_cache_as_a_view_of_a_packed_buffer(device):
     check(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), seqlens, None, keys, values)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("window", [(-1, -1), (40, 0)], ids=["nowindow", "window40"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_left_padded_cache(device, causal, window, num_splits):
+    # cache_leftpad (flash-attn's name): entry b's keys are [leftpad[b], cache_seqlens[b]) of its
+    # contiguous cache, the padding before them never read; causal and windows count from its
+    # first real key. What a left-padded batch of prompts decodes against.
+    used, pads = [0, 1, 150, 300, 77], [0, 1, 37, 299, 0]
+    q, k, v, seqlens, _, keys, values = make_cache(used, 16, 2, 3, 64, torch.bfloat16, device, capacity=320)
+    leftpad = torch.tensor(pads, dtype=torch.int32, device=device)
+    for i, p in enumerate(pads):
+        k[i, :, :p], v[i, :, :p] = 1e4, float("nan")  # a pad that were read would show
+    out, lse = fa.attention_kvcache(q, k, v, seqlens, causal=causal, window_size=window, num_splits=num_splits,
+                                    cache_leftpad=leftpad, return_lse=True)
+    for i, p in enumerate(pads):
+        kk, vv = keys[i][:, :, p:], values[i][:, :, p:]
+        ref, ref_lse = naive_attention_window(q[i:i + 1], kk, vv, causal, window, torch.float64)
+        lowp, _ = naive_attention_window(q[i:i + 1], kk, vv, causal, window, q.dtype)
+        assert_within_lowp_error(f"entry {i}", out[i:i + 1], ref, lowp)
+        seen = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse[i:i + 1]), seen)
+        if seen.any():
+            assert (lse[i:i + 1][seen].double() - ref_lse[seen]).abs().max().item() < 1e-3
+
+
+def naive_attention_window(q, k, v, causal, window, dtype):
+    """naive_attention with a window (left, right), bottom-right aligned, by masking its scores."""
+    left, right = window[0], 0 if causal else window[1]
+    sq, sk = q.size(2), k.size(2)
+    i = torch.arange(sq, device=q.device)[:, None] + sk - sq
+    j = torch.arange(sk, device=q.device)[None, :]
+    hidden = ((j < i - left) & (left >= 0)) | ((j > i + right) & (right >= 0))
+    kr = k.repeat_interleave(q.size(1) // k.size(1), dim=1).to(dtype)
+    vr = v.repeat_interleave(q.size(1) // k.size(1), dim=1).to(dtype)
+    s = (q.to(dtype) @ kr.transpose(-2, -1)) / q.size(-1) ** 0.5
+    s = s.masked_fill(hidden, float("-inf"))
+    empty = hidden.all(-1)[:, None]
+    lse = torch.logsumexp(s.double() if dtype == torch.float64 else s.float(), -1)
+    p = torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
+    return p @ vr, lse.masked_fill(empty.squeeze(-1), float("-inf"))
+
+
 def test_long_cache(device):
     if device == "cpu":
         pytest.skip("long caches: CUDA only (the CPU path is a plain loop)")
@@ -190,6 +232,8 @@ def test_gradients_are_refused(device):
     ("seqlens_shape", r"cache_seqlens must be \(batch,\)"),
     ("splits", r"num_splits must be in \[0, 128\]"),
     ("heads", r"must be divisible by the number of key/value heads"),
+    ("leftpad_paged", r"cache_leftpad is for contiguous caches"),
+    ("leftpad_dtype", r"cache_leftpad must be int32"),
 ])
 def test_bad_arguments(device, case, pattern):
     q, k, v, seqlens, pages, *_ = make_cache([5, 7], 4, 2, 1, 64, torch.float16, device, page_size=16)
@@ -204,8 +248,13 @@ def test_bad_arguments(device, case, pattern):
         splits = 129
     elif case == "heads":
         q = q[:, :3]
+    leftpad = None
+    if case.startswith("leftpad"):
+        leftpad = torch.zeros(2, dtype=torch.int32 if case == "leftpad_paged" else torch.int64, device=device)
+        if case == "leftpad_dtype":
+            q, k, v, seqlens, pages, *_ = make_cache([5, 7], 4, 2, 1, 64, torch.float16, device)
     with pytest.raises(RuntimeError, match=pattern):
-        torch.ops.fa.forward_kvcache(q, k, v, seqlens, pages, None, True, splits)
+        torch.ops.fa.forward_kvcache(q, k, v, seqlens, pages, None, True, splits, cache_leftpad=leftpad)
 
 
 def test_cpu_checks_lengths_and_pages():
@@ -216,9 +265,16 @@ def test_cpu_checks_lengths_and_pages():
     bad[0, 0] = 1000
     with pytest.raises(RuntimeError, match=r"page_table\[0, 0\] = 1000 is not a page of k_cache"):
         torch.ops.fa.forward_kvcache(q, k, v, seqlens, bad)
+    q, k, v, seqlens, *_ = make_cache([5, 7], 2, 2, 1, 64, torch.float16, "cpu")
+    with pytest.raises(RuntimeError, match=r"cache_leftpad\[1\] = 8 is outside \[0, cache_seqlens\[1\] = 7\]"):
+        fa.attention_kvcache(q, k, v, seqlens, cache_leftpad=torch.tensor([0, 8], dtype=torch.int32))
 
 
 def test_opcheck(device):
     q, k, v, seqlens, pages, *_ = make_cache([5, 40], 4, 2, 2, 64, torch.float16, device, page_size=16)
     torch.library.opcheck(torch.ops.fa.forward_kvcache.default, (q, k, v, seqlens, pages, None, True, 2),
                           test_utils=("test_schema", "test_faketensor"))
+    q, k, v, seqlens, *_ = make_cache([5, 40], 4, 2, 2, 64, torch.float16, device)
+    leftpad = torch.tensor([2, 0], dtype=torch.int32, device=device)
+    torch.library.opcheck(torch.ops.fa.forward_kvcache.default, (q, k, v, seqlens),
+                          {"cache_leftpad": leftpad}, test_utils=("test_schema", "test_faketensor"))

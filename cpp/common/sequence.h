@@ -29,6 +29,10 @@ struct Sequence {
       s.seqlen_q = p.seqlen_q;
       s.seqlen_k = p.seqlen_k;
       if (p.seqused_k != nullptr) s.seqlen_k = p.seqused_k[batch];  // a KV cache's filled part
+      if (p.leftpad_k != nullptr) {  // and its left padding (contiguous caches only)
+        s.k_begin = p.leftpad_k[batch];
+        s.seqlen_k -= s.k_begin;
+      }
     } else {
       s.q_begin = p.cu_seqlens_q[batch];
       s.k_begin = p.cu_seqlens_k[batch];

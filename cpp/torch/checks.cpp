@@ -47,7 +47,8 @@ bool same_device(const Tensor& a, const Tensor& b) {
 bool half_type(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16; }
 
 // A 4-D (batch, heads, seqlen, head_dim) or, packed for a variable-length batch, a 3-D
-// (total, heads, head_dim) fp16/bf16 tensor with stride 1 in its last dimension.
+// (total, heads, head_dim) fp16/bf16 tensor (or float32 on the CPU) with stride 1 in its last
+// dimension.
 void check_attention_tensor(const char* op, const char* name, const Tensor& t, bool packed = false) {
   FA_CHECK(t.defined(), op, ": ", name, " is undefined");
   if (packed) {
@@ -56,8 +57,9 @@ void check_attention_tensor(const char* op, const char* name, const Tensor& t, b
     FA_CHECK(t.dim() == 4, op, ": ", name, " must be 4-D (batch, heads, seqlen, head_dim), got shape ",
              shape_of(t));
   }
-  FA_CHECK(half_type(t.scalar_type()), op, ": ", name, ".dtype must be float16 or bfloat16, got ",
-           dtype_name(t.scalar_type()));
+  FA_CHECK(half_type(t.scalar_type()) || (t.scalar_type() == ScalarType::Float && t.is_cpu()), op, ": ", name,
+           ".dtype must be float16 or bfloat16 (float32 too on the CPU), got ", dtype_name(t.scalar_type()),
+           t.is_cuda() ? " on CUDA" : "");
   FA_CHECK(t.is_cpu() || t.is_cuda(), op, ": ", name, " must be a CPU or CUDA tensor, got ",
            device_name(t));
   const int64_t last = t.dim() - 1;
@@ -162,6 +164,7 @@ VarlenShape check_varlen_inputs(const char* op, const Tensor& q, const Tensor& k
 
 KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                   const Tensor& cache_seqlens, const std::optional<Tensor>& page_table,
+                                  const std::optional<Tensor>& cache_leftpad,
                                   int64_t num_splits) {
   constexpr const char* op = "fa.forward_kvcache";
   check_attention_tensor(op, "q", q);
@@ -202,6 +205,16 @@ KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const 
            str_of(s.batch), ",), got shape ", shape_of(cache_seqlens));
   FA_CHECK(same_device(cache_seqlens, q), op, ": cache_seqlens is on ", device_name(cache_seqlens),
            " but q is on ", device_name(q));
+  if (cache_leftpad) {
+    const Tensor& lp = *cache_leftpad;
+    FA_CHECK(!paged, op, ": cache_leftpad is for contiguous caches; with page_table, start each entry's page "
+             "list at its first key instead");
+    FA_CHECK(lp.scalar_type() == ScalarType::Int, op, ": cache_leftpad must be int32, got ",
+             dtype_name(lp.scalar_type()));
+    FA_CHECK(lp.dim() == 1 && lp.size(0) == s.batch, op, ": cache_leftpad must be (batch,) = (", str_of(s.batch),
+             ",), got shape ", shape_of(lp));
+    FA_CHECK(same_device(lp, q), op, ": cache_leftpad is on ", device_name(lp), " but q is on ", device_name(q));
+  }
   FA_CHECK(num_splits >= 0 && num_splits <= kMaxSplits, op, ": num_splits must be in [0, ", str_of(kMaxSplits),
            "] (0 chooses), got ", str_of(num_splits));
   check_heads(op, q, k_cache, v_cache, s);

@@ -58,10 +58,11 @@ VarlenShape check_varlen_backward_inputs(const Tensor& dout, const Tensor& q, co
                                          int64_t max_seqlen_q, int64_t max_seqlen_k);
 
 // fa.forward_kvcache: q (B, Hq, Sq, D); k_cache and v_cache (B, Hk, S_cap, D), or with page_table
-// (int32 (B, max_pages)) (num_pages, page_size, Hk, D); cache_seqlens int32 (B,); num_splits in
-// [0, kMaxSplits]. Index values are not read.
+// (int32 (B, max_pages)) (num_pages, page_size, Hk, D); cache_seqlens int32 (B,); cache_leftpad
+// int32 (B,), contiguous caches only; num_splits in [0, kMaxSplits]. Index values are not read.
 KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                   const Tensor& cache_seqlens, const std::optional<Tensor>& page_table,
+                                  const std::optional<Tensor>& cache_leftpad,
                                   int64_t num_splits);
 
 // The attention variants every op takes beside causal: a sliding window, logit soft-capping and

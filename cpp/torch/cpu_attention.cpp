@@ -133,17 +133,24 @@ class Batch {
   }
 
   // A KV cache: entry b sees keys [0, cache_seqlens[b]) of its cache, contiguous or paged
-  // (page_table with stride 1 along its rows; cache_pages: k_cache's pages).
+  // (page_table with stride 1 along its rows; cache_pages: k_cache's pages), or of a contiguous one
+  // keys [cache_leftpad[b], cache_seqlens[b]).
   Batch(const char* op, const KVCacheShape& s, const Tensor& cache_seqlens, const std::optional<Tensor>& page_table,
-        int64_t cache_pages)
+        int64_t cache_pages, const std::optional<Tensor>& cache_leftpad)
       : shape_(s),
         used_k_(static_cast<const int32_t*>(cache_seqlens.data_ptr())),
         stride_k_(cache_seqlens.stride(0)),
         page_table_(page_table) {
+    if (cache_leftpad) {
+      leftpad_k_ = static_cast<const int32_t*>(cache_leftpad->data_ptr());
+      stride_leftpad_ = cache_leftpad->stride(0);
+    }
     for (int64_t b = 0; b < s.batch; ++b) {
       const int64_t used = used_k_[b * stride_k_];
       FA_CHECK(used >= 0 && used <= s.seqlen_k, op, ": cache_seqlens[", str_of(b), "] = ", str_of(used),
                " is outside [0, the cache's capacity ", str_of(s.seqlen_k), "]");
+      FA_CHECK(leftpad(b) >= 0 && leftpad(b) <= used, op, ": cache_leftpad[", str_of(b), "] = ",
+               str_of(leftpad(b)), " is outside [0, cache_seqlens[", str_of(b), "] = ", str_of(used), "]");
       if (!page_table) continue;
       const auto* pages = static_cast<const int32_t*>(page_table->data_ptr()) + b * page_table->stride(0);
       for (int64_t p = 0; p < (used + s.page_size - 1) / s.page_size; ++p) {
@@ -156,7 +163,8 @@ class Batch {
   bool packed() const { return cu_q_ != nullptr; }
   int64_t size() const { return shape_.batch; }
   int64_t q_begin(int64_t b) const { return packed() ? cu_q_[b * stride_q_] : 0; }
-  int64_t k_begin(int64_t b) const { return packed() ? cu_k_[b * stride_k_] : 0; }
+  int64_t k_begin(int64_t b) const { return packed() ? cu_k_[b * stride_k_] : leftpad(b); }
+  int64_t leftpad(int64_t b) const { return leftpad_k_ ? leftpad_k_[b * stride_leftpad_] : 0; }
   // Entry b's shape (batch 1; its own lengths).
   AttentionShape entry(int64_t b) const {
     AttentionShape s = shape_;
@@ -165,7 +173,7 @@ class Batch {
       s.seqlen_q = cu_q_[(b + 1) * stride_q_] - q_begin(b);
       s.seqlen_k = cu_k_[(b + 1) * stride_k_] - k_begin(b);
     } else if (used_k_ != nullptr) {
-      s.seqlen_k = used_k_[b * stride_k_];
+      s.seqlen_k = used_k_[b * stride_k_] - leftpad(b);
     }
     return s;
   }
@@ -196,6 +204,8 @@ class Batch {
   const int32_t* cu_q_ = nullptr;
   const int32_t* cu_k_ = nullptr;
   const int32_t* used_k_ = nullptr;  // a KV cache's cache_seqlens
+  const int32_t* leftpad_k_ = nullptr;  // and its cache_leftpad
+  int64_t stride_leftpad_ = 1;
   int64_t stride_q_ = 1, stride_k_ = 1;
   std::optional<Tensor> page_table_;
 };
@@ -345,6 +355,8 @@ template <class... Args>
 void forward_any(const Tensor& q, Args&&... args) {
   if (q.scalar_type() == ScalarType::Half) {
     forward_impl<torch::headeronly::Half>(q, std::forward<Args>(args)...);
+  } else if (q.scalar_type() == ScalarType::Float) {
+    forward_impl<float>(q, std::forward<Args>(args)...);
   } else {
     forward_impl<torch::headeronly::BFloat16>(q, std::forward<Args>(args)...);
   }
@@ -354,6 +366,8 @@ template <class... Args>
 void backward_any(const Tensor& dout, const Tensor& q, Args&&... args) {
   if (q.scalar_type() == ScalarType::Half) {
     backward_impl<torch::headeronly::Half>(dout, q, std::forward<Args>(args)...);
+  } else if (q.scalar_type() == ScalarType::Float) {
+    backward_impl<float>(dout, q, std::forward<Args>(args)...);
   } else {
     backward_impl<torch::headeronly::BFloat16>(dout, q, std::forward<Args>(args)...);
   }
@@ -391,13 +405,14 @@ std::tuple<Tensor, Tensor> forward_kvcache_cpu(const Tensor& q, const Tensor& k_
                                                const Tensor& cache_seqlens, std::optional<Tensor> page_table,
                                                std::optional<double> softmax_scale, bool causal, int64_t num_splits,
                                                int64_t window_left, int64_t window_right, double softcap,
-                                               std::optional<Tensor> sinks) {
+                                               std::optional<Tensor> sinks, std::optional<Tensor> cache_leftpad) {
   constexpr const char* op = "fa.forward_kvcache";
-  const KVCacheShape s = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, page_table, num_splits);
+  const KVCacheShape s =
+      check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, page_table, cache_leftpad, num_splits);
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   if (page_table) page_table = dense_last_dim(*page_table);
-  const Batch batch(op, s, cache_seqlens, page_table, page_table ? k_cache.size(0) : 0);
+  const Batch batch(op, s, cache_seqlens, page_table, page_table ? k_cache.size(0) : 0, cache_leftpad);
   ForwardOutputs o = allocate_forward_outputs(q, s);
   if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
   forward_any(q, k_cache, v_cache, o, batch, scale, variant);  // num_splits: one pass on the CPU

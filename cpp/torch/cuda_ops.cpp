@@ -349,9 +349,10 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
                                                 const Tensor& cache_seqlens_in, std::optional<Tensor> page_table_in,
                                                 std::optional<double> softmax_scale, bool causal, int64_t num_splits,
                                                 int64_t window_left, int64_t window_right, double softcap,
-                                                std::optional<Tensor> sinks) {
+                                                std::optional<Tensor> sinks, std::optional<Tensor> cache_leftpad_in) {
   constexpr const char* op = "fa.forward_kvcache";
-  const KVCacheShape s = check_kvcache_inputs(q_in, k_in, v_in, cache_seqlens_in, page_table_in, num_splits);
+  const KVCacheShape s =
+      check_kvcache_inputs(q_in, k_in, v_in, cache_seqlens_in, page_table_in, cache_leftpad_in, num_splits);
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
@@ -364,8 +365,9 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
   const Tensor k = aligned_for_kernels(k_in);
   const Tensor v = aligned_for_kernels(v_in);
   const Tensor cache_seqlens = dense_last_dim(cache_seqlens_in);
-  std::optional<Tensor> page_table;
+  std::optional<Tensor> page_table, cache_leftpad;
   if (page_table_in) page_table = dense_last_dim(*page_table_in);
+  if (cache_leftpad_in) cache_leftpad = dense_last_dim(*cache_leftpad_in);
   const int64_t splits = num_splits > 0 ? num_splits : default_splits(s, variant, q);
   FA_CHECK(s.batch * splits <= kMaxGridYZ, op, ": batch · num_splits must be at most ", str_of(kMaxGridYZ),
            ", got ", str_of(s.batch), " · ", str_of(splits));
@@ -374,6 +376,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
   set_variant(p, variant, op);
   p.seqused_k = static_cast<const int*>(cache_seqlens.data_ptr());
+  if (cache_leftpad) p.leftpad_k = static_cast<const int*>(cache_leftpad->data_ptr());
   if (page_table) {
     // (num_pages, page_size, Hk, D): the page stride in the batch slot, rows within a page.
     p.k_stride = {k.stride(0), k.stride(2), k.stride(1)};

@@ -17,9 +17,11 @@ def _check_shapes(op: str, q, k, v, packed: bool = False) -> None:
         q.dim() == rank and k.dim() == rank and v.dim() == rank,
         lambda: f"{op}: q, k and v must be {rank}-D {dims}",
     )
+    half = q.dtype in (torch.float16, torch.bfloat16)
     torch._check(
-        q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype and v.dtype == q.dtype,
-        lambda: f"{op}: q, k and v must all be float16 or all bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}",
+        (half or (q.dtype == torch.float32 and q.device.type == "cpu")) and k.dtype == q.dtype and v.dtype == q.dtype,
+        lambda: f"{op}: q, k and v must all be float16 or all bfloat16 (or all float32 on the CPU), got "
+        f"{q.dtype}, {k.dtype}, {v.dtype}",
     )
     torch._check(k.shape == v.shape, lambda: f"{op}: k and v must have the same shape")
     if not packed:
@@ -84,12 +86,15 @@ def _backward_varlen_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seql
 
 @torch.library.register_fake("fa::forward_kvcache")
 def _forward_kvcache_fake(q, k_cache, v_cache, cache_seqlens, page_table=None, softmax_scale=None, causal=True,
-                          num_splits=0, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+                          num_splits=0, window_left=-1, window_right=-1, softcap=0.0, sinks=None, cache_leftpad=None):
     torch._check(q.dim() == 4, lambda: "fa.forward_kvcache: q must be 4-D (batch, heads, seqlen, head_dim)")
     _check_variant("fa.forward_kvcache", q, window_left, window_right, softcap, sinks, q.size(1))
     torch._check(k_cache.dtype == q.dtype and v_cache.dtype == q.dtype,
                  lambda: "fa.forward_kvcache: k_cache and v_cache must have q's dtype")
     torch._check(cache_seqlens.dtype == torch.int32, lambda: "fa.forward_kvcache: cache_seqlens must be int32")
+    if cache_leftpad is not None:
+        torch._check(page_table is None, lambda: "fa.forward_kvcache: cache_leftpad is for contiguous caches")
+        torch._check(cache_leftpad.dtype == torch.int32, lambda: "fa.forward_kvcache: cache_leftpad must be int32")
     out = empty_like_attention(q)
     lse = q.new_empty((q.size(0), q.size(1), q.size(2)), dtype=torch.float32)
     return out, lse

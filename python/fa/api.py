@@ -64,7 +64,8 @@ def attention(
     is_causal=causal, scale=scale)``, without dropout or an explicit mask.
 
     Args:
-        q: ``(B, Hq, Sq, D)``, float16 or bfloat16, on a CUDA device or the CPU.
+        q: ``(B, Hq, Sq, D)``, float16 or bfloat16, on a CUDA device or the CPU (there also
+            float32).
         k, v: ``(B, Hk, Sk, D)``, q's dtype and device; ``Hq % Hk == 0`` (grouped-query and
             multi-query attention: query head ``h`` reads kv head ``h // (Hq // Hk)``, no copy).
             The last dimension must have stride 1; other strides are free, so a ``(B, S, H, D)``
@@ -164,6 +165,7 @@ def attention_kvcache(
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention of new queries against a key/value cache, for decoding (inference only: asking
@@ -184,6 +186,9 @@ def attention_kvcache(
             that many CTAs and the partial results combined exactly.
         window_size, softcap, sinks: as in :func:`attention` (aligned to ``cache_seqlens[b]``);
             with a window only the keys inside it are read.
+        cache_leftpad: int32 ``(B,)``, contiguous caches only: batch ``b``'s keys are
+            ``[cache_leftpad[b], cache_seqlens[b])`` of its cache (left-padded batches, as
+            flash-attn's ``cache_leftpad``); its first key is key 0 for ``causal`` and windows.
 
     Appending the new keys and values to the cache is the caller's job (as in vLLM), before this
     call. On CUDA the values of ``cache_seqlens`` and ``page_table`` are not checked (that would
@@ -194,5 +199,5 @@ def attention_kvcache(
         ``out`` with q's shape, or ``(out, lse)`` with ``lse`` ``(B, Hq, Sq)`` float32.
     """
     out, lse = torch.ops.fa.forward_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, scale, causal, num_splits,
-                                            *_window(window_size), float(softcap), sinks)
+                                            *_window(window_size), float(softcap), sinks, cache_leftpad)
     return (out, lse) if return_lse else out

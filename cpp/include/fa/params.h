@@ -58,6 +58,9 @@ struct ForwardParams {
   // KV cache (fa.forward_kvcache; the Ampere family's forward), else null / defaults.
   // Batch entry b sees keys [0, seqused_k[b]) of its cache; seqlen_k is then the cache's capacity.
   const int* seqused_k = nullptr;
+  // Left-padded contiguous caches (cache_leftpad), else null: entry b's keys are then
+  // [leftpad_k[b], seqused_k[b]) of its cache, and its first key is the first of that range.
+  const int* leftpad_k = nullptr;
   // Paged K/V: k and v are (num_pages, page_size, Hk, D), k_stride.batch / v_stride.batch the page
   // stride; key j of batch entry b lies in page page_table[b · page_table_stride + j / page_size],
   // row j % page_size. page_size is a multiple of 16.
