@@ -25,7 +25,8 @@ backward's key tiles need: its main kernel's spare warps prepare the rows of the
 varlen: a variable-length batch (fa.attention_varlen) with empty sequences on either side,
 one-row and odd-length ones, Sq != Sk per sequence, on each family.
 kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 and 256, a shuffled
-page table), empty and odd-length entries, Sq 1 and 3, one split and several, on both decode
+page table), empty and odd-length entries, Sq 1 and 3, one split and several, left-padded
+contiguous caches (cache_leftpad, a pad covering a whole entry among them), on both decode
 kernels (group · Sq up to 16 packed rows, and more), and again as a GPU with 99 KB of shared memory
 a CTA (FA_MAX_SHARED_MEMORY) would run some of them.
 variants: sliding windows with sinks (window_size, sinks) on the dense forward and backward of each
@@ -104,6 +105,7 @@ def kvcache():
 
 def kvcache_cases(heads_and_dims=((8, 64), (8, 128), (8, 256), (36, 64), (36, 128), (36, 256))):
     used = torch.tensor([0, 1, 77, 300, 513], dtype=torch.int32, device="cuda")
+    leftpad = torch.tensor([0, 1, 13, 0, 200], dtype=torch.int32, device="cuda")
     b, hk = used.numel(), 2
     # 8 query heads: 4 or 12 packed rows (the key-splitting decode kernel's 16-row tile); 36: 18
     # (its 32-row tile up to D = 128) or 54 (the 64-row decode tile).
@@ -113,6 +115,7 @@ def kvcache_cases(heads_and_dims=((8, 64), (8, 128), (8, 256), (36, 64), (36, 12
             k = torch.randn(b, hk, 520, d, device="cuda", dtype=torch.float16)  # capacity past the longest
             for splits in (1, 5):
                 fa.attention_kvcache(q, k, torch.randn_like(k), used, num_splits=splits)
+                fa.attention_kvcache(q, k, torch.randn_like(k), used, num_splits=splits, cache_leftpad=leftpad)
                 for page in (16, 256):
                     pages_per_entry = (520 + page - 1) // page
                     table = torch.randperm(b * pages_per_entry, device="cuda").int().view(b, pages_per_entry)

@@ -1,0 +1,306 @@
+"""attn_implementation="fa" in Hugging Face transformers (fa.integrations.transformers) on small
+random models of the architectures whose attention differs: Llama (plain), Mistral (a sliding window
+on every layer), Qwen2 (sliding and full layers), Gemma 2 (soft-capping, alternating windows),
+Gemma 3 (5 sliding layers to 1 full), gpt-oss (sinks, sliding and full layers).
+
+On the CPU fa runs in float32 and the reference is the model's eager attention in float64; on the
+GPU fa runs in bfloat16 and the reference is eager in float32. fa's error must be within 1.5x of
+what the model's other implementation in fa's dtype makes (SDPA, or eager where SDPA cannot express
+the model's attention), plus a small slack.
+"""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import fa.integrations.transformers as fa_transformers  # noqa: E402
+from helpers import cuda_kernels_available  # noqa: E402
+
+fa_transformers.register()
+
+COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, attention_dropout=0.0, initializer_range=0.2)
+WINDOW = 7  # shorter than the test sequences, so that the windows matter
+
+
+def _models():
+    t = transformers
+    return {
+        "llama": (t.LlamaConfig, dict(num_hidden_layers=2), t.LlamaForCausalLM),
+        "mistral": (t.MistralConfig, dict(num_hidden_layers=2, sliding_window=WINDOW), t.MistralForCausalLM),
+        "qwen2": (t.Qwen2Config, dict(num_hidden_layers=2, use_sliding_window=True, sliding_window=WINDOW,
+                                      layer_types=["sliding_attention", "full_attention"]), t.Qwen2ForCausalLM),
+        # soft-capping at 2, far below Gemma 2's 50, so that it changes these scores
+        "gemma2": (t.Gemma2Config, dict(num_hidden_layers=2, sliding_window=WINDOW, attn_logit_softcapping=2.0,
+                                        query_pre_attn_scalar=16), t.Gemma2ForCausalLM),
+        "gemma3": (t.Gemma3TextConfig, dict(num_hidden_layers=6, sliding_window=WINDOW, query_pre_attn_scalar=16),
+                   t.Gemma3ForCausalLM),
+        "gpt_oss": (t.GptOssConfig, dict(num_hidden_layers=2, sliding_window=WINDOW, num_local_experts=4,
+                                         num_experts_per_tok=2, max_position_embeddings=131072),
+                    t.GptOssForCausalLM),
+    }
+
+
+MODELS = list(_models())
+# The implementation fa is measured against, in fa's dtype: SDPA where the model allows it.
+PEER = {"gemma2": "eager", "gpt_oss": "eager"}
+
+
+@pytest.fixture(params=MODELS)
+def model_name(request):
+    return request.param
+
+
+def dtype_of(device):
+    return torch.float32 if device == "cpu" else torch.bfloat16
+
+
+def reference_dtype(device):
+    return torch.float64 if device == "cpu" else torch.float32
+
+
+def base_model(name, seed=0):
+    config_class, options, model_class = _models()[name]
+    torch.manual_seed(seed)
+    model = model_class(config_class(**COMMON, **options)).eval()
+    if name == "gpt_oss":  # sinks drawn large enough to take a share of each row
+        if hasattr(model, "set_experts_implementation"):  # the grouped GEMM has no float64
+            model.set_experts_implementation("eager")
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 2.0)
+    return model
+
+
+def variant(model, attn, dtype, device):
+    m = copy.deepcopy(model).to(device=device, dtype=dtype)
+    m.set_attn_implementation(attn)
+    return m
+
+
+def skip_without_kernels(device):
+    if device != "cpu" and not cuda_kernels_available():
+        pytest.skip("no fa CUDA kernels in this build")
+
+
+def fails_on_cuda_softcap(name, device):
+    """Gemma 2's soft-capping: fa's CUDA kernels do not have it yet, and the integration says so."""
+    return name == "gemma2" and device != "cpu"
+
+
+def ids_and_mask(batch, seqlen, pads=(), seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, COMMON["vocab_size"], (batch, seqlen), generator=gen)
+    mask = torch.ones(batch, seqlen, dtype=torch.long)
+    for row, (left, right) in enumerate(pads):
+        mask[row, :left] = 0
+        if right:
+            mask[row, seqlen - right:] = 0
+    return ids, mask
+
+
+def err(x, ref, where=None):
+    d = (x.double() - ref.double()).abs()
+    return (d[where] if where is not None else d).max().item()
+
+
+def assert_close_as_peer(name, got, peer, ref, where=None, factor=1.5):
+    """fa's error vs the reference within `factor` x the peer's, plus 1e-5 of the reference's size."""
+    assert not torch.isnan(got).any(), f"{name}: NaN"
+    e, e_peer = err(got, ref, where), err(peer, ref, where)
+    slack = 1e-5 * (ref[where] if where is not None else ref).double().abs().max().item()
+    assert e <= factor * e_peer + slack, f"{name}: error {e:.3e}, {factor}x the peer's {e_peer:.3e} + {slack:.1e} allowed"
+
+
+def logits(model, ids, **kwargs):
+    with torch.no_grad():
+        return model(input_ids=ids.to(model.device), **{k: v.to(model.device) for k, v in kwargs.items()}).logits
+
+
+def test_prefill_logits(device, model_name):
+    skip_without_kernels(device)
+    model = base_model(model_name)
+    ids, _ = ids_and_mask(2, 23)
+    fa_model = variant(model, "fa", dtype_of(device), device)
+    if fails_on_cuda_softcap(model_name, device):
+        with pytest.raises(NotImplementedError, match="attn_logit_softcapping"):
+            logits(fa_model, ids)
+        return
+    ref = logits(variant(model, "eager", reference_dtype(device), device), ids)
+    peer = logits(variant(model, PEER.get(model_name, "sdpa"), dtype_of(device), device), ids)
+    assert_close_as_peer("logits", logits(fa_model, ids), peer, ref)
+
+
+def test_padded_batch(device, model_name):
+    # Row 0 left-padded, row 1 right-padded, row 2 not padded: real tokens as the reference's, and
+    # no NaN anywhere (padded rows too). The reference runs each row's real tokens alone, at the same
+    # positions (eager in float64 turns a left-padded row into NaN).
+    skip_without_kernels(device)
+    if fails_on_cuda_softcap(model_name, device):
+        pytest.skip("soft-capping: CPU only (test_prefill_logits checks the error)")
+    model = base_model(model_name)
+    ids, mask = ids_and_mask(3, 21, pads=[(5, 0), (0, 4), (0, 0)])
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    reference_model = variant(model, "eager", reference_dtype(device), device)
+    ref = torch.zeros(*ids.shape, COMMON["vocab_size"], dtype=reference_dtype(device), device=device)
+    for row in range(ids.shape[0]):
+        real = mask[row].bool()
+        ref[row, real.to(device)] = logits(reference_model, ids[row, real][None], position_ids=positions[row, real][None])[0]
+    peer = logits(variant(model, PEER.get(model_name, "sdpa"), dtype_of(device), device), ids, attention_mask=mask,
+                  position_ids=positions)
+    got = logits(variant(model, "fa", dtype_of(device), device), ids, attention_mask=mask, position_ids=positions)
+    assert not torch.isnan(got).any()
+    assert_close_as_peer("logits of real tokens", got, peer, ref, where=mask.bool().to(got.device))
+
+
+@pytest.mark.parametrize("how", ["position_ids", "cu_seq_lens"])
+def test_packed_sequences(device, model_name, how):
+    # Two sequences in one row equal the same sequences run on their own.
+    skip_without_kernels(device)
+    if fails_on_cuda_softcap(model_name, device):
+        pytest.skip("soft-capping: CPU only")
+    model = variant(base_model(model_name), "fa", dtype_of(device), device)
+    first, _ = ids_and_mask(1, 10, seed=2)
+    second, _ = ids_and_mask(1, 14, seed=3)
+    packed = torch.cat([first, second], dim=1)
+    positions = torch.cat([torch.arange(10), torch.arange(14)])[None]
+    extra = {}
+    if how == "cu_seq_lens":
+        cu = torch.tensor([0, 10, 24], dtype=torch.int32, device=model.device)
+        extra = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=14, max_length_k=14)
+    with torch.no_grad():
+        got = model(input_ids=packed.to(model.device), position_ids=positions.to(model.device), **extra).logits
+    alone = torch.cat([logits(model, first), logits(model, second)], dim=1)
+    tol = 1e-5 if device == "cpu" else 3e-2
+    torch.testing.assert_close(got, alone, atol=tol * alone.abs().max().item(), rtol=0)
+
+
+def test_training_step(device, model_name):
+    # The gradients of every attention weight after one loss.backward(), within 1.5x the peer's error.
+    skip_without_kernels(device)
+    if fails_on_cuda_softcap(model_name, device):
+        pytest.skip("soft-capping: CPU only")
+    model = base_model(model_name).train()
+    ids, mask = ids_and_mask(2, 19, pads=[(0, 3), (0, 0)])  # right padding, as training batches have
+    labels = torch.randint(0, COMMON["vocab_size"], ids.shape, generator=torch.Generator().manual_seed(5))
+    labels[mask == 0] = -100  # no loss on padding
+
+    def grads(attn, dtype):
+        m = variant(model, attn, dtype, device)
+        loss = m(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device)).loss
+        loss.backward()
+        return {n: p.grad for n, p in m.named_parameters() if "self_attn" in n}
+
+    ref = grads("eager", reference_dtype(device))
+    peer = grads(PEER.get(model_name, "sdpa"), dtype_of(device))
+    got = grads("fa", dtype_of(device))
+    assert set(got) == set(ref) and got
+    for n in ref:
+        assert got[n] is not None, f"{n}: no gradient"
+        assert_close_as_peer(n, got[n], peer[n], ref[n])
+
+
+def test_dropout_in_training_is_an_error(device):
+    skip_without_kernels(device)
+    model = base_model("llama")
+    model.config.attention_dropout = 0.1
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    m = variant(model, "fa", dtype_of(device), device).train()
+    with pytest.raises(ValueError, match="fa has no attention dropout.*LlamaConfig"):
+        m(input_ids=torch.ones(1, 5, dtype=torch.long, device=device))
+    m.eval()  # no dropout at evaluation
+    logits(m, torch.ones(1, 5, dtype=torch.long))
+
+
+def generate(model, ids, mask, cache, new_tokens=32, compile_config=None, with_logits=False):
+    """The greedy tokens after the prompt, and with_logits each step's logits (steps, B, vocab)."""
+    options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                   eos_token_id=None, return_dict_in_generate=True, output_logits=with_logits)
+    if cache == "static":
+        options["cache_implementation"] = "static"
+        if compile_config is not None:
+            options["compile_config"] = compile_config
+    out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), **options)
+    tokens = out.sequences[:, ids.shape[1]:]
+    return (tokens, torch.stack(out.logits)) if with_logits else tokens
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_greedy_generation(device, model_name, cache):
+    # 32 greedy tokens for a left-padded batch (the queries decode against the cache through
+    # fa.attention_kvcache with cache_leftpad): the eager path's tokens on >= 90% of the steps, and
+    # while a row's tokens agree, its logits agree too.
+    skip_without_kernels(device)
+    if fails_on_cuda_softcap(model_name, device):
+        pytest.skip("soft-capping: CPU only")
+    model = base_model(model_name)
+    ids, mask = ids_and_mask(2, 9, pads=[(4, 0), (0, 0)])
+    eager, eager_logits = generate(variant(model, "eager", dtype_of(device), device), ids, mask, cache,
+                                   with_logits=True)
+    got, got_logits = generate(variant(model, "fa", dtype_of(device), device), ids, mask, cache, with_logits=True)
+    same = (got == eager).double().mean().item()
+    assert same >= 0.9, f"{same:.0%} of the greedy tokens match eager's"
+    tol = (1e-4 if device == "cpu" else 5e-2) * eager_logits.abs().max().item()
+    for row in range(ids.shape[0]):
+        differ = (got[row] != eager[row]).nonzero()
+        steps = differ[0, 0].item() + 1 if differ.numel() else got.shape[1]  # up to the first different token
+        torch.testing.assert_close(got_logits[:steps, row], eager_logits[:steps, row], atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_static_cache_without_a_mask(device, name):
+    # A decoding loop of one's own over a static cache, no attention_mask: the cache's unfilled slots
+    # must not be attended (fa's mask function marks them from the cache position).
+    skip_without_kernels(device)
+    model = base_model(name)
+
+    def run(attn):
+        m = variant(model, attn, dtype_of(device), device)
+        cache = transformers.StaticCache(config=m.config, max_cache_len=40)
+        token, steps = torch.arange(3, 12, device=device)[None], []
+        with torch.no_grad():
+            for i in range(10):
+                pos = torch.arange(9, device=device) if i == 0 else torch.tensor([8 + i], device=device)
+                out = m(input_ids=token, past_key_values=cache, use_cache=True, cache_position=pos,
+                        position_ids=pos[None])
+                steps.append(out.logits[:, -1])
+                token = out.logits[:, -1:].argmax(-1)
+        return torch.stack(steps)
+
+    eager, got = run("eager"), run("fa")
+    tol = (1e-4 if device == "cpu" else 5e-2) * eager.abs().max().item()
+    torch.testing.assert_close(got, eager, atol=tol, rtol=0)
+
+
+def test_static_cache_compiles_without_graph_break(device):
+    # generate() with a static cache compiles the decoding step; fullgraph=True makes a graph break an
+    # error. On the CPU the "eager" backend (Dynamo's tracing alone) keeps it short.
+    skip_without_kernels(device)
+    model = variant(base_model("mistral"), "fa", dtype_of(device), device)
+    ids, mask = ids_and_mask(2, 9, pads=[(4, 0), (0, 0)])
+    compile_config = transformers.CompileConfig(fullgraph=True, backend="eager" if device == "cpu" else "inductor")
+    compile_config._compile_all_devices = True
+    torch._dynamo.reset()
+    eager = generate(model, ids, mask, "static", new_tokens=6)
+    torch._dynamo.utils.counters.clear()
+    compiled = generate(model, ids, mask, "static", new_tokens=6, compile_config=compile_config)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1, "generate() compiled nothing"
+    assert torch.equal(compiled, eager)
+
+
+def test_float32_model_on_the_gpu_is_an_error(family):
+    model = variant(base_model("llama"), "fa", torch.float32, "cuda")
+    with pytest.raises(ValueError, match="LlamaConfig runs attention in float32 on the GPU"):
+        logits(model, torch.ones(1, 5, dtype=torch.long))
+
+
+def test_a_4d_mask_is_an_error(device):
+    skip_without_kernels(device)
+    model = variant(base_model("llama"), "fa", dtype_of(device), device)
+    mask = torch.ones(1, 1, 5, 5, dtype=torch.bool, device=device)
+    with pytest.raises(ValueError, match="fa takes transformers' 2-D padding mask"):
+        model(input_ids=torch.ones(1, 5, dtype=torch.long, device=device), attention_mask=mask)
