@@ -1,0 +1,124 @@
+"""Context parallelism (fa.distributed): ring attention over torch.distributed, here with the gloo
+backend in spawned CPU processes and fa's CPU path as the local attention. Every rank's slice of
+the output and of dq, dk, dv, put back together, equals single-process fa.attention on the whole
+sequence within float32 rounding (the ring merges partial results in another order)."""
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import fa
+import fa.distributed as fad
+
+# (B, Hq, Hk, S, D, causal, layout): GQA, causal and not, both layouts; contiguous slices of odd
+# length (S / N odd) and zigzag chunks of odd length.
+CASES = [
+    (2, 4, 2, 56, 16, True, "zigzag"),
+    (1, 4, 4, 56, 16, False, "zigzag"),
+    (2, 6, 2, 40, 32, True, "contiguous"),
+    (1, 2, 1, 44, 16, False, "contiguous"),
+]
+
+
+# (sequence lengths, Hq, Hk, D, causal, layout) of packed batches: lengths divisible by 2N = 8.
+VARLEN_CASES = [
+    ([24, 8, 40], 4, 2, 16, True, "zigzag"),
+    ([16, 48], 2, 2, 32, False, "zigzag"),
+    ([8, 24, 16], 4, 1, 16, True, "contiguous"),
+]
+
+
+def _case_ok(world, case):
+    _, _, _, s, _, _, layout = case
+    return s % (2 * world if layout == "zigzag" else world) == 0
+
+
+def _worker(rank, world, store, cases):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        for seed, case in enumerate(cases):
+            b, hq, hk, s, d, causal, layout = case
+            gen = torch.Generator().manual_seed(seed)  # the same inputs on every rank
+            q, k, v, dout = (torch.randn(b, h, s, d, generator=gen) for h in (hq, hk, hk, hq))
+            # The reference: the whole sequence in one process.
+            ref = [t.clone().requires_grad_() for t in (q, k, v)]
+            ref_out, ref_lse = fa.attention(*ref, causal=causal, return_lse=True)
+            ref_grads = torch.autograd.grad(ref_out, ref, dout)
+            # The ring: this rank's slices.
+            local = [fad.shard(t, layout=layout).requires_grad_() for t in (q, k, v)]
+            out, lse = fad.ring_attention(*local, causal=causal, layout=layout, return_lse=True)
+            grads = torch.autograd.grad(out, local, fad.shard(dout, layout=layout))
+            got = {"out": out, "lse": lse.unsqueeze(-1), "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+            want = {"out": ref_out, "lse": ref_lse.unsqueeze(-1), "dq": ref_grads[0], "dk": ref_grads[1],
+                    "dv": ref_grads[2]}
+            for name, tensor in got.items():
+                full = fad.unshard(tensor.detach().contiguous(), layout=layout)
+                torch.testing.assert_close(full, want[name], atol=2e-5, rtol=1e-4,
+                                           msg=lambda m: f"world {world}, {case}, {name}: {m}")
+        for seed, (lengths, hq, hk, d, causal, layout) in enumerate(VARLEN_CASES):
+            gen = torch.Generator().manual_seed(100 + seed)
+            total = sum(lengths)
+            q, k, v, dout = (torch.randn(total, h, d, generator=gen) for h in (hq, hk, hk, hq))
+            cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32)
+            ref = [t.clone().requires_grad_() for t in (q, k, v)]
+            ref_out, ref_lse = fa.attention_varlen(*ref, cu, cu, max(lengths), max(lengths), causal=causal,
+                                                   return_lse=True)
+            ref_grads = torch.autograd.grad(ref_out, ref, dout)
+            local = [fad.shard_varlen(t, cu, layout=layout).requires_grad_() for t in (q, k, v)]
+            out, lse = fad.ring_attention_varlen(*local, cu, max(lengths), causal=causal, layout=layout,
+                                                 return_lse=True)
+            grads = torch.autograd.grad(out, local, fad.shard_varlen(dout, cu, layout=layout))
+            got = {"out": out, "lse": lse, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+            want = {"out": ref_out, "lse": ref_lse.t(), "dq": ref_grads[0], "dk": ref_grads[1], "dv": ref_grads[2]}
+            for name, tensor in got.items():
+                full = fad.unshard_varlen(tensor.detach().contiguous(), cu, layout=layout)
+                torch.testing.assert_close(full, want[name], atol=2e-5, rtol=1e-4,
+                                           msg=lambda m: f"world {world}, varlen {lengths}, {name}: {m}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_attention_matches_one_process(world):
+    # Dense slices and packed batches, causal and not, GQA, both layouts.
+    cases = [c for c in CASES if _case_ok(world, c)]
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), cases), nprocs=world, join=True)
+
+
+def _world_of_one(rank, store, device):
+    # One rank: the ring is the local attention alone (gloo on the CPU, NCCL on a GPU).
+    dist.init_process_group("gloo" if device == "cpu" else "nccl", init_method=f"file://{store}", rank=0,
+                            world_size=1)
+    try:
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        q, k, v = (torch.randn(1, 4, 256, 64, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        out = fad.ring_attention(q, k, v, causal=True)
+        ref = fa.attention(q, k, v, causal=True)
+        torch.testing.assert_close(out, ref)
+        g, g_ref = torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))
+        for a, b in zip(g, g_ref):
+            torch.testing.assert_close(a, b)
+        assert torch.equal(fad.unshard(fad.shard(q.detach())), q.detach())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_world_of_one_is_plain_attention(device):
+    if device != "cpu":
+        from helpers import skip_unless_built
+        skip_unless_built(64, device)
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_world_of_one, args=(os.path.join(tmp, "store"), device), nprocs=1, join=True)
+
+
+def test_bad_arguments():
+    q = torch.randn(1, 2, 6, 16)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        fad.ring_attention(q, q, q, layout="striped")
+    with pytest.raises(ValueError, match="S_local must be even"):
+        fad.ring_attention(q[:, :, :5], q[:, :, :5], q[:, :, :5])
