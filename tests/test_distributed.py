@@ -14,13 +14,19 @@ import torch.multiprocessing as mp
 import fa
 import fa.distributed as fad
 
-# (B, Hq, Hk, S, D, causal, layout): GQA, causal and not, both layouts; contiguous slices of odd
-# length (S / N odd) and zigzag chunks of odd length.
+# (B, Hq, Hk, S, D, causal, window, layout): GQA, causal and not, windows shorter and longer than
+# a chunk (and asymmetric ones), both layouts; contiguous slices of odd length (S / N odd) and zigzag
+# chunks of odd length.
 CASES = [
-    (2, 4, 2, 56, 16, True, "zigzag"),
-    (1, 4, 4, 56, 16, False, "zigzag"),
-    (2, 6, 2, 40, 32, True, "contiguous"),
-    (1, 2, 1, 44, 16, False, "contiguous"),
+    (2, 4, 2, 56, 16, True, (-1, -1), "zigzag"),
+    (1, 4, 4, 56, 16, False, (-1, -1), "zigzag"),
+    (2, 6, 2, 40, 32, True, (-1, -1), "contiguous"),
+    (1, 2, 1, 44, 16, False, (-1, -1), "contiguous"),
+    (1, 4, 2, 56, 16, True, (9, 0), "zigzag"),
+    (1, 4, 2, 56, 16, True, (3, -1), "zigzag"),
+    (1, 2, 2, 56, 16, False, (5, 12), "zigzag"),
+    (1, 2, 1, 44, 16, False, (0, 17), "contiguous"),
+    (1, 2, 1, 44, 16, True, (30, 0), "contiguous"),
 ]
 
 
@@ -33,7 +39,7 @@ VARLEN_CASES = [
 
 
 def _case_ok(world, case):
-    _, _, _, s, _, _, layout = case
+    _, _, _, s, _, _, _, layout = case
     return s % (2 * world if layout == "zigzag" else world) == 0
 
 
@@ -41,22 +47,25 @@ def _worker(rank, world, store, cases):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         for seed, case in enumerate(cases):
-            b, hq, hk, s, d, causal, layout = case
+            b, hq, hk, s, d, causal, window, layout = case
             gen = torch.Generator().manual_seed(seed)  # the same inputs on every rank
             q, k, v, dout = (torch.randn(b, h, s, d, generator=gen) for h in (hq, hk, hk, hq))
             # The reference: the whole sequence in one process.
             ref = [t.clone().requires_grad_() for t in (q, k, v)]
-            ref_out, ref_lse = fa.attention(*ref, causal=causal, return_lse=True)
+            ref_out, ref_lse = fa.attention(*ref, causal=causal, window_size=window, return_lse=True)
             ref_grads = torch.autograd.grad(ref_out, ref, dout)
             # The ring: this rank's slices.
             local = [fad.shard(t, layout=layout).requires_grad_() for t in (q, k, v)]
-            out, lse = fad.ring_attention(*local, causal=causal, layout=layout, return_lse=True)
+            out, lse = fad.ring_attention(*local, causal=causal, window_size=window, layout=layout, return_lse=True)
             grads = torch.autograd.grad(out, local, fad.shard(dout, layout=layout))
             got = {"out": out, "lse": lse.unsqueeze(-1), "dq": grads[0], "dk": grads[1], "dv": grads[2]}
             want = {"out": ref_out, "lse": ref_lse.unsqueeze(-1), "dq": ref_grads[0], "dk": ref_grads[1],
                     "dv": ref_grads[2]}
             for name, tensor in got.items():
                 full = fad.unshard(tensor.detach().contiguous(), layout=layout)
+                if name == "lse":  # rows that see no key: -inf in both
+                    assert torch.equal(torch.isinf(full), torch.isinf(want[name]))
+                    full, want[name] = full.nan_to_num(neginf=0.0), want[name].nan_to_num(neginf=0.0)
                 torch.testing.assert_close(full, want[name], atol=2e-5, rtol=1e-4,
                                            msg=lambda m: f"world {world}, {case}, {name}: {m}")
         for seed, (lengths, hq, hk, d, causal, layout) in enumerate(VARLEN_CASES):
@@ -122,3 +131,5 @@ def test_bad_arguments():
         fad.ring_attention(q, q, q, layout="striped")
     with pytest.raises(ValueError, match="S_local must be even"):
         fad.ring_attention(q[:, :, :5], q[:, :, :5], q[:, :, :5])
+    with pytest.raises(ValueError, match=r"window_size\[1\] must be -1 or 0"):
+        fad.ring_attention(q, q, q, causal=True, window_size=(4, 2))

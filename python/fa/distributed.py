@@ -90,19 +90,49 @@ class _Ring:
         return received
 
 
-def _pairs(q_chunks, kv_chunks, causal, whole):
-    """(query piece, key piece, causal) for the pieces of a rank's queries and a key/value slice that
-    see each other: under a causal mask, earlier key chunks fully, the same chunk causally.
-    whole: the pieces need not be split when nothing is masked (one call, index None)."""
-    if not causal and whole:
-        return [(None, None, False)]
+class _Block:
+    """One call: rows `rows` of the local queries against rows `keys` of a key/value slice (a
+    square block), with the window (left, right) that the whole sequence's mask leaves on it in
+    the ops' bottom-right convention (-1: unbounded)."""
+
+    def __init__(self, rows, keys, left, right):
+        self.rows, self.keys, self.left, self.right = rows, keys, left, right
+
+
+def _block(qi, ki, a, b, size, causal, window):
+    """The call for query chunk a and key chunk b (chunk ids, `size` rows each), or None when none
+    of its pairs is visible. Query row i sees key j of the pair iff lo <= j - i <= hi, where
+    lo = (a - b)·size - left and hi = (a - b)·size + right (right = 0 when causal)."""
+    delta = (a - b) * size
+    left, right = window
+    if causal:
+        right = 0
+    lo = None if left < 0 else delta - left
+    hi = None if right < 0 else delta + right
+    if (lo is not None and lo > size - 1) or (hi is not None and hi < -(size - 1)):
+        return None
+    if lo is not None and lo > 0:  # keys right of the diagonal only: the rows that see any, from key lo
+        r0, r1, c0, c1, wl, wr = 0, size - lo, lo, size, 0, -1 if hi is None else hi - lo
+    elif hi is not None and hi < 0:  # keys left of the diagonal only: from row -hi, keys up to size + hi
+        r0, r1, c0, c1, wl, wr = -hi, size, 0, size + hi, -1 if lo is None else hi - lo, 0
+    else:
+        r0, r1, c0, c1, wl, wr = 0, size, 0, size, -1 if lo is None else -lo, -1 if hi is None else hi
+    n = r1 - r0
+    wl = -1 if wl >= n - 1 else wl  # a bound no row reaches: unbounded (the unmasked kernels)
+    wr = -1 if wr >= n - 1 else wr
+    return _Block(slice(qi * size + r0, qi * size + r1), slice(ki * size + c0, ki * size + c1), wl, wr)
+
+
+def _blocks(q_chunks, kv_chunks, size, causal, window, whole):
+    """The calls of one step. whole: nothing is masked and the slices may be taken whole (one call)."""
+    if whole and not causal and window == (-1, -1):
+        return [_Block(slice(0, size * len(q_chunks)), slice(0, size * len(kv_chunks)), -1, -1)]
     out = []
     for qi, a in enumerate(q_chunks):
         for ki, b in enumerate(kv_chunks):
-            if not causal or a > b:
-                out.append((qi, ki, False))
-            elif a == b:
-                out.append((qi, ki, True))
+            blk = _block(qi, ki, a, b, size, causal, window)
+            if blk is not None:
+                out.append(blk)
     return out
 
 
@@ -127,19 +157,20 @@ class _Dense:
     def lse_shape(self, q):
         return q.shape[:3]
 
-    def lse_piece(self, lse, index, count):  # lse as the ops take it, (B, H, S)
-        return lse if index is None else lse.chunk(count, dim=2)[index].contiguous()
+    def lse_rows(self, lse, rows):  # lse as the ops take it, (B, H, S)
+        return lse[:, :, rows].contiguous()
 
-    def forward(self, q, k, v, causal):
-        return torch.ops.fa.forward.default(q, k, v, self.scale, causal)
+    def forward(self, q, k, v, left, right):
+        return torch.ops.fa.forward.default(q, k, v, self.scale, False, left, right)
 
-    def backward(self, dout, q, k, v, out, lse, causal):
-        return torch.ops.fa.backward.default(dout, q, k, v, out, lse, self.scale, causal)
+    def backward(self, dout, q, k, v, out, lse, left, right):
+        return torch.ops.fa.backward.default(dout, q, k, v, out, lse, self.scale, False, left, right)
 
 
 class _Packed:
     """(total_local, H, D) slices of a packed batch: every sequence's first chunk, then every
-    sequence's second (zigzag); pieces along the rows, with offsets cu_seqlens // parts."""
+    sequence's second (zigzag); pieces along the rows, with offsets cu_seqlens // parts. Only whole
+    pieces are taken (no window), so the rows of a call are the piece's."""
 
     dim = 0
 
@@ -151,28 +182,32 @@ class _Packed:
     def lse_shape(self, q):  # kept as (total, H) to merge beside out; the ops take (H, total)
         return q.shape[:2]
 
-    def lse_piece(self, lse, index, count):
-        return lse.chunk(count, dim=0)[index].t().contiguous()
+    def lse_rows(self, lse, rows):
+        return lse[rows].t().contiguous()
 
-    def forward(self, q, k, v, causal):
-        o, lse = torch.ops.fa.forward_varlen.default(q, k, v, self.cu, self.cu, self.max, self.max, self.scale, causal)
+    def forward(self, q, k, v, left, right):
+        o, lse = torch.ops.fa.forward_varlen.default(q, k, v, self.cu, self.cu, self.max, self.max, self.scale,
+                                                     False, left, right)
         return o, lse.t()
 
-    def backward(self, dout, q, k, v, out, lse, causal):
+    def backward(self, dout, q, k, v, out, lse, left, right):
         return torch.ops.fa.backward_varlen.default(dout, q, k, v, out, lse, self.cu, self.cu, self.max, self.max,
-                                                    self.scale, causal)
+                                                    self.scale, False, left, right)
 
 
-def _piece(x, index, count, dim):
-    return x if index is None else x.chunk(count, dim=dim)[index]
+def _rows_of(x, rows, dim):
+    index = [slice(None)] * (dim + 1)
+    index[dim] = rows
+    return x[tuple(index)]
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, layout, rows):
+    def forward(ctx, q, k, v, group, causal, window, layout, rows):
         world, rank = _world(group)
         q_chunks = _chunk_ids(layout, rank, world)
         nq, dim = len(q_chunks), rows.dim
+        size = q.shape[dim] // nq
         ring = _Ring(group)
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         lse = torch.full(rows.lse_shape(q), float("-inf"), dtype=torch.float32, device=q.device)
@@ -180,32 +215,28 @@ class _RingAttention(torch.autograd.Function):
         for step in range(world):
             pending = ring.start(kv) if step + 1 < world else None  # the next slice travels meanwhile
             kv_chunks = _chunk_ids(layout, (rank - step) % world, world)
-            nk = len(kv_chunks)
-            for qi, ki, pair_causal in _pairs(q_chunks, kv_chunks, causal, whole=isinstance(rows, _Dense)):
-                o, l = rows.forward(_piece(q, qi, nq, dim), _piece(kv[0], ki, nk, dim), _piece(kv[1], ki, nk, dim),
-                                    pair_causal)
-                if qi is None:
-                    out, lse = _merge(out, lse, o, l)
-                else:
-                    n = q.shape[dim] // nq
-                    index = [slice(None)] * (dim + 1)
-                    index[dim] = slice(qi * n, (qi + 1) * n)
-                    out[tuple(index)], lse[tuple(index)] = _merge(out[tuple(index)], lse[tuple(index)], o, l)
+            for blk in _blocks(q_chunks, kv_chunks, size, causal, window, whole=dim == 2):
+                o, l = rows.forward(_rows_of(q, blk.rows, dim), _rows_of(kv[0], blk.keys, dim),
+                                    _rows_of(kv[1], blk.keys, dim), blk.left, blk.right)
+                merged = _merge(_rows_of(out, blk.rows, dim), _rows_of(lse, blk.rows, dim), o, l)
+                _rows_of(out, blk.rows, dim).copy_(merged[0])
+                _rows_of(lse, blk.rows, dim).copy_(merged[1])
             if pending is not None:
                 kv = _Ring.wait(pending)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.causal, ctx.layout, ctx.rows = group, causal, layout, rows
+        ctx.group, ctx.causal, ctx.window, ctx.layout, ctx.rows = group, causal, window, layout, rows
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
-        group, causal, layout, rows = ctx.group, ctx.causal, ctx.layout, ctx.rows
+        group, causal, window, layout, rows = ctx.group, ctx.causal, ctx.window, ctx.layout, ctx.rows
         world, rank = _world(group)
         q_chunks = _chunk_ids(layout, rank, world)
         nq, dim = len(q_chunks), rows.dim
+        size = q.shape[dim] // nq
         ring = _Ring(group)
         grad_out = grad_out.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -215,21 +246,34 @@ class _RingAttention(torch.autograd.Function):
         for step in range(world):
             pending = ring.start(kv) if step + 1 < world else None
             kv_chunks = _chunk_ids(layout, (rank - step) % world, world)
-            nk = len(kv_chunks)
-            for qi, ki, pair_causal in _pairs(q_chunks, kv_chunks, causal, whole=isinstance(rows, _Dense)):
+            for blk in _blocks(q_chunks, kv_chunks, size, causal, window, whole=dim == 2):
+                target, keys = blk.rows, blk.keys
                 dqs, dks, dvs = rows.backward(
-                    _piece(grad_out, qi, nq, dim), _piece(q, qi, nq, dim), _piece(kv[0], ki, nk, dim),
-                    _piece(kv[1], ki, nk, dim), _piece(out, qi, nq, dim), rows.lse_piece(lse, qi, nq), pair_causal)
-                _piece(dq, qi, nq, dim).add_(dqs.float())
-                _piece(dkv[0], ki, nk, dim).add_(dks.float())
-                _piece(dkv[1], ki, nk, dim).add_(dvs.float())
+                    _rows_of(grad_out, target, dim), _rows_of(q, target, dim), _rows_of(kv[0], keys, dim),
+                    _rows_of(kv[1], keys, dim), _rows_of(out, target, dim), rows.lse_rows(lse, target),
+                    blk.left, blk.right)
+                _rows_of(dq, target, dim).add_(dqs.float())
+                _rows_of(dkv[0], keys, dim).add_(dks.float())
+                _rows_of(dkv[1], keys, dim).add_(dvs.float())
             # The dK/dV accumulators follow their key/value slice; after the last step one more
             # hop takes them home.
             if world > 1:
                 dkv = _Ring.wait(ring.start(dkv))
             if pending is not None:
                 kv = _Ring.wait(pending)
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
+
+
+def _window(window_size, causal) -> Tuple[int, int]:
+    try:
+        left, right = (int(x) for x in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair (left, right) of ints, -1 for unbounded; got {window_size!r}")
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size values must be >= -1 (-1: unbounded), got {window_size!r}")
+    if causal and right > 0:
+        raise ValueError(f"causal=True sees no key to the right: window_size[1] must be -1 or 0, got {right}")
+    return left, right
 
 
 def _check_layout(layout):
@@ -238,7 +282,8 @@ def _check_layout(layout):
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None, causal: bool = False,
-                   scale: Optional[float] = None, layout: str = "zigzag", return_lse: bool = False):
+                   scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1), layout: str = "zigzag",
+                   return_lse: bool = False):
     """Attention of this rank's queries to the whole sequence, whose slices are spread over the
     ranks of ``group`` (default: the world) in ``layout`` (see :func:`shard`); differentiable.
 
@@ -247,6 +292,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
         k, v: ``(B, Hk, S_local, D)``, this rank's keys and values; ``Hq % Hk == 0``.
         causal: the full sequence's causal mask (positions as in the full sequence).
         scale: the softmax scale; ``1 / sqrt(D)`` when None.
+        window_size: ``(left, right)`` over the full sequence's positions, as in
+            :func:`fa.attention`; key chunks outside every row's window are not computed.
 
     Returns:
         this rank's slice of the output (q's shape and dtype), and with ``return_lse`` its lse
@@ -260,7 +307,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
                          f"must be even, got {q.shape[2]}")
     if q.shape[2] != k.shape[2]:
         raise ValueError("fa.distributed.ring_attention: q, k and v must hold the same slice of the sequence")
-    out, lse = _RingAttention.apply(q, k, v, group, causal, layout, _Dense(scale))
+    window = _window(window_size, causal)
+    out, lse = _RingAttention.apply(q, k, v, group, causal, window, layout, _Dense(scale))
     return (out, lse) if return_lse else out
 
 
@@ -328,5 +376,5 @@ def ring_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError("fa.distributed.ring_attention_varlen: q, k and v must be 3-D (total_local, H, D)")
     rows = _Packed(scale, cu_seqlens, max_seqlen, _parts(layout, group))
-    out, lse = _RingAttention.apply(q, k, v, group, causal, layout, rows)
+    out, lse = _RingAttention.apply(q, k, v, group, causal, (-1, -1), layout, rows)
     return (out, lse) if return_lse else out
