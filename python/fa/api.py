@@ -11,16 +11,6 @@ def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _without_autograd(op, *args):
-    """op(*args) when no gradient is wanted, past the autograd layer that torch.library's
-    registration puts before it (a Python function that costs ~15 us a call on the host, which
-    decoding feels). Under torch.compile the op is called as it is."""
-    if torch.compiler.is_compiling():
-        return op(*args)
-    with torch._C._AutoDispatchBelowAutograd():
-        return op(*args)
-
-
 def _window(window_size) -> Tuple[int, int]:
     """window_size as the ops take it: two ints, -1 for an unbounded side."""
     try:
@@ -107,7 +97,7 @@ def attention(
     if _needs_grad(q, k, v, sinks):
         out, lse = _Attention.apply(*args)
     else:
-        out, lse = _without_autograd(torch.ops.fa.forward.default, *args)
+        out, lse = torch.ops.fa.forward.default(*args)
     return (out, lse) if return_lse else out
 
 
@@ -158,7 +148,7 @@ def attention_varlen(
     if _needs_grad(q, k, v, sinks):
         out, lse = _AttentionVarlen.apply(*args)
     else:
-        out, lse = _without_autograd(torch.ops.fa.forward_varlen.default, *args)
+        out, lse = torch.ops.fa.forward_varlen.default(*args)
     return (out, lse) if return_lse else out
 
 
@@ -208,10 +198,6 @@ def attention_kvcache(
     Returns:
         ``out`` with q's shape, or ``(out, lse)`` with ``lse`` ``(B, Hq, Sq)`` float32.
     """
-    args = (q, k_cache, v_cache, cache_seqlens, page_table, scale, causal, num_splits, *_window(window_size),
-            float(softcap), sinks, cache_leftpad)
-    if _needs_grad(q, k_cache, v_cache, sinks):
-        out, lse = torch.ops.fa.forward_kvcache.default(*args)  # its autograd raises on backward
-    else:
-        out, lse = _without_autograd(torch.ops.fa.forward_kvcache.default, *args)
+    out, lse = torch.ops.fa.forward_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, scale, causal, num_splits,
+                                            *_window(window_size), float(softcap), sinks, cache_leftpad)
     return (out, lse) if return_lse else out

@@ -117,7 +117,12 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         if key.shape[2] > mask.shape[1]:
             key, value = key[:, :, :mask.shape[1]], value[:, :, :mask.shape[1]]
         if seqlen_q <= DECODE_QUERIES and seqlen_q < mask.shape[1] and not needs_grad and _one_run_per_row(mask):
-            used, leftpad = _decode_run(mask)
+            # Decoding: entry b's keys are the run [leftpad_b, used_b) of its cache (left padding
+            # before it, a static cache's unfilled slots after it), its queries the run's last.
+            columns = torch.arange(mask.shape[1], device=mask.device)  # int64: Inductor's int32 reductions fail
+            used = torch.where(mask, columns + 1, 0).amax(-1)
+            leftpad = torch.minimum(torch.where(mask, columns, mask.shape[1]).amin(-1), used)
+            used, leftpad = used.to(torch.int32), leftpad.to(torch.int32)
             out = fa.attention_kvcache(query, key, value, used, cache_leftpad=leftpad, **options)
             return out.transpose(1, 2), None
         return _padded_attention(query, key, value, mask, options), None
@@ -131,7 +136,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             return out.view(batch, seqlen_q, heads_q, head_dim), None
 
     if seqlen_q <= DECODE_QUERIES and seqlen_q < key.shape[2] and not needs_grad:  # decoding, no padding
-        used = _filled(batch, key.shape[2], query.device)
+        used = torch.full((batch,), key.shape[2], dtype=torch.int32, device=query.device)
         return fa.attention_kvcache(query, key, value, used, **options).transpose(1, 2), None
     return fa.attention(query, key, value, **options).transpose(1, 2), None
 
@@ -213,35 +218,6 @@ def _one_run_per_row(mask: torch.Tensor) -> bool:
         return bool((rises.sum(-1) + mask[:, 0] <= 1).all())
 
     return _derived.get(mask, "runs", compute)
-
-
-def _decode_run(mask: torch.Tensor):
-    """(used, leftpad), int32 (B,): each row's run of real keys is [leftpad, used). On the device,
-    no host read; once per mask outside torch.compile."""
-    def compute():
-        columns = torch.arange(mask.shape[1], device=mask.device)  # int64: Inductor's int32 reductions fail
-        used = torch.where(mask, columns + 1, 0).amax(-1)
-        leftpad = torch.minimum(torch.where(mask, columns, mask.shape[1]).amin(-1), used)
-        return used.to(torch.int32), leftpad.to(torch.int32)
-
-    return compute() if torch.compiler.is_compiling() else _derived.get(mask, "run", compute)
-
-
-_filled_lengths = {}
-
-
-def _filled(batch: int, keys: int, device) -> torch.Tensor:
-    """torch.full((batch,), keys) as int32, made once per (batch, keys, device) for the layers of a
-    decoding step (a few kept; outside torch.compile)."""
-    if torch.compiler.is_compiling():
-        return torch.full((batch,), keys, dtype=torch.int32, device=device)
-    slot = (batch, keys, str(device))
-    t = _filled_lengths.get(slot)
-    if t is None:
-        if len(_filled_lengths) >= 8:
-            _filled_lengths.pop(next(iter(_filled_lengths)))
-        t = _filled_lengths[slot] = torch.full((batch,), keys, dtype=torch.int32, device=device)
-    return t
 
 
 def _unpad_data(mask: torch.Tensor):
