@@ -1,7 +1,9 @@
 """Context parallelism (fa.distributed): ring attention over torch.distributed, here with the gloo
 backend in spawned CPU processes and fa's CPU path as the local attention. Every rank's slice of
 the output and of dq, dk, dv, put back together, equals single-process fa.attention on the whole
-sequence within float32 rounding (the ring merges partial results in another order)."""
+sequence within float32 rounding (the ring merges partial results in another order). The ring's
+blocks and merge are also run without torch.distributed, ranks simulated in one process, on the
+GPU too."""
 
 import os
 import tempfile
@@ -133,3 +135,41 @@ def test_bad_arguments():
         fad.ring_attention(q[:, :, :5], q[:, :, :5], q[:, :, :5])
     with pytest.raises(ValueError, match=r"window_size\[1\] must be -1 or 0"):
         fad.ring_attention(q, q, q, causal=True, window_size=(4, 2))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("causal, window, layout", [(True, (-1, -1), "zigzag"), (True, (20, 0), "zigzag"),
+                                                    (False, (9, 30), "contiguous")])
+def test_fake_ring_in_one_process(device, world, causal, window, layout):
+    # The ring's blocks and lse merge without torch.distributed: each simulated rank's queries
+    # against every rank's keys in turn, merged, equal the whole sequence's attention (on the GPU
+    # too, in bf16).
+    from helpers import skip_unless_built
+
+    skip_unless_built(64, device)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    parts = 2 * world if layout == "zigzag" else world
+    s = 24 * parts
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, h, s, 64, generator=gen).to(device, dtype) for h in (4, 2, 2))
+    ref, ref_lse = fa.attention(q, k, v, causal=causal, window_size=window, return_lse=True)
+    size = s // parts
+
+    def local(x, rank):
+        return torch.cat([x[:, :, c * size:(c + 1) * size] for c in fad._chunk_ids(layout, rank, world)], dim=2)
+
+    for rank in range(world):
+        ql = local(q, rank)
+        out = torch.zeros(ql.shape, dtype=torch.float32, device=device)
+        lse = torch.full(ql.shape[:3], float("-inf"), device=device)
+        for owner in range(world):
+            kl, vl = local(k, owner), local(v, owner)
+            blocks = fad._blocks(fad._chunk_ids(layout, rank, world), fad._chunk_ids(layout, owner, world), size,
+                                 causal, fad._window(window, causal), whole=True)
+            for blk in blocks:
+                o, l = fa.attention(ql[:, :, blk.rows], kl[:, :, blk.keys], vl[:, :, blk.keys],
+                                    window_size=(blk.left, blk.right), return_lse=True)
+                out[:, :, blk.rows], lse[:, :, blk.rows] = fad._merge(out[:, :, blk.rows], lse[:, :, blk.rows], o, l)
+        tol = 2e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(out.to(dtype), local(ref, rank), atol=tol, rtol=0)
+        torch.testing.assert_close(lse, local(ref_lse.unsqueeze(-1), rank).squeeze(-1), atol=1e-4, rtol=0)
