@@ -330,3 +330,23 @@ def test_a_4d_mask_is_an_error(device):
     mask = torch.ones(1, 1, 5, 5, dtype=torch.bool, device=device)
     with pytest.raises(ValueError, match="fa takes transformers' 2-D padding mask"):
         model(input_ids=torch.ones(1, 5, dtype=torch.long, device=device), attention_mask=mask)
+
+
+def test_from_pretrained_and_the_flattening_collator(tmp_path):
+    # The documented use: a saved model loaded with attn_implementation="fa", fed by transformers'
+    # padding-free collator (position_ids, and the flash-attn keyword arguments).
+    model = base_model("qwen2")
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="fa",
+                                                               dtype=torch.float32).eval()
+    assert loaded.config._attn_implementation == "fa"
+    first, _ = ids_and_mask(1, 10, seed=2)
+    second, _ = ids_and_mask(1, 14, seed=3)
+    alone = torch.cat([logits(loaded, first), logits(loaded, second)], dim=1)
+    for kwargs in (dict(return_position_ids=True), dict(return_flash_attn_kwargs=True)):
+        collator = transformers.DataCollatorWithFlattening(**kwargs)
+        batch = collator([{"input_ids": first[0].tolist()}, {"input_ids": second[0].tolist()}])
+        batch.pop("labels", None)
+        with torch.no_grad():
+            got = loaded(**batch).logits
+        torch.testing.assert_close(got, alone, atol=1e-5 * alone.abs().max().item(), rtol=0)
