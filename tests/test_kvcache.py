@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import fa
-from helpers import assert_within_lowp_error, cuda_families, naive_attention, poison_cuda_allocator, skip_unless_built
+from helpers import (assert_within_lowp_error, cuda_families, naive_attention, poison_cuda_allocator, skip_unless_built,
+                     variant_attention)
 
 
 def make_cache(used, hq, hk, sq, d, dtype, device, capacity=None, page_size=None, seed=0):
@@ -165,30 +166,13 @@ def test_left_padded_cache(device, causal, window, num_splits):
                                     cache_leftpad=leftpad, return_lse=True)
     for i, p in enumerate(pads):
         kk, vv = keys[i][:, :, p:], values[i][:, :, p:]
-        ref, ref_lse = naive_attention_window(q[i:i + 1], kk, vv, causal, window, torch.float64)
-        lowp, _ = naive_attention_window(q[i:i + 1], kk, vv, causal, window, q.dtype)
+        ref, ref_lse = variant_attention(q[i:i + 1], kk, vv, causal, window)
+        lowp, _ = variant_attention(q[i:i + 1], kk, vv, causal, window, dtype=q.dtype)
         assert_within_lowp_error(f"entry {i}", out[i:i + 1], ref, lowp)
         seen = torch.isfinite(ref_lse)
         assert torch.equal(torch.isfinite(lse[i:i + 1]), seen)
         if seen.any():
             assert (lse[i:i + 1][seen].double() - ref_lse[seen]).abs().max().item() < 1e-3
-
-
-def naive_attention_window(q, k, v, causal, window, dtype):
-    """naive_attention with a window (left, right), bottom-right aligned, by masking its scores."""
-    left, right = window[0], 0 if causal else window[1]
-    sq, sk = q.size(2), k.size(2)
-    i = torch.arange(sq, device=q.device)[:, None] + sk - sq
-    j = torch.arange(sk, device=q.device)[None, :]
-    hidden = ((j < i - left) & (left >= 0)) | ((j > i + right) & (right >= 0))
-    kr = k.repeat_interleave(q.size(1) // k.size(1), dim=1).to(dtype)
-    vr = v.repeat_interleave(q.size(1) // k.size(1), dim=1).to(dtype)
-    s = (q.to(dtype) @ kr.transpose(-2, -1)) / q.size(-1) ** 0.5
-    s = s.masked_fill(hidden, float("-inf"))
-    empty = hidden.all(-1)[:, None]
-    lse = torch.logsumexp(s.double() if dtype == torch.float64 else s.float(), -1)
-    p = torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
-    return p @ vr, lse.masked_fill(empty.squeeze(-1), float("-inf"))
 
 
 def test_long_cache(device):

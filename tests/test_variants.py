@@ -1,51 +1,13 @@
 """Sliding windows, soft-capping and sinks (window_size, softcap, sinks) on every entry point: the
 forward, the gradients (sinks' too), varlen and the KV cache, against a float64 reference."""
 
-import math
 
 import pytest
 import torch
 
 import fa
-from helpers import assert_within_lowp_error, poison_cuda_allocator, random_qkv, skip_unless_built
-
-
-def window_hidden(sq, sk, causal, window, device):
-    """True where query i may not see key j: outside [i' - left, i' + right], i' = i + sk - sq."""
-    left, right = window
-    if causal:
-        right = 0
-    i = torch.arange(sq, device=device).unsqueeze(1) + (sk - sq)
-    j = torch.arange(sk, device=device).unsqueeze(0)
-    hidden = torch.zeros(sq, sk, dtype=torch.bool, device=device)
-    if left >= 0:
-        hidden |= j < i - left
-    if right >= 0:
-        hidden |= j > i + right
-    return hidden
-
-
-def variant_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, sinks=None, scale=None,
-                      dtype=torch.float64):
-    """The reference: scores in `dtype`, soft-capped, masked, the sink as one more logit without a
-    value; (out, lse). Rows that see nothing get output 0 and lse -inf (or the sink). Differentiable."""
-    b, hq, sq, d = q.shape
-    hk, sk = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    k = k.repeat_interleave(hq // hk, dim=1).to(dtype)
-    v = v.repeat_interleave(hq // hk, dim=1).to(dtype)
-    s = (q.to(dtype) @ k.transpose(-2, -1)) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    s = s.masked_fill(window_hidden(sq, sk, causal, window, q.device), -math.inf)
-    if sinks is not None:
-        s = torch.cat([s, sinks.to(dtype).view(1, hq, 1, 1).expand(b, hq, sq, 1)], dim=-1)
-    lse = torch.logsumexp(s.float() if dtype != torch.float64 else s, dim=-1)
-    empty = torch.isinf(s).all(dim=-1, keepdim=True)
-    p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
-    if sinks is not None:
-        p = p[..., :-1]
-    return p.to(dtype) @ v, lse
+from helpers import (assert_within_lowp_error, poison_cuda_allocator, random_qkv, skip_unless_built,
+                     variant_attention)
 
 
 def dsinks_tolerance(sinks, lse, out, dout, dims):
