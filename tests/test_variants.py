@@ -1,7 +1,6 @@
 """Sliding windows, soft-capping and sinks (window_size, softcap, sinks) on every entry point: the
 forward, the gradients (sinks' too), varlen and the KV cache, against a float64 reference."""
 
-
 import pytest
 import torch
 

@@ -24,6 +24,8 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from .api import _window as _window_pair
+
 LAYOUTS = ("zigzag", "contiguous")
 
 
@@ -44,7 +46,7 @@ def shard(x: torch.Tensor, group=None, layout: str = "zigzag", dim: int = 2) -> 
     """This rank's slice of the full sequence ``x`` (the same tensor on every rank) along ``dim``
     (2 for (B, H, S, D))."""
     world, rank = _world(group)
-    parts = 2 * world if layout == "zigzag" else world
+    parts = _parts(layout, group)
     if x.shape[dim] % parts:
         raise ValueError(f"fa.distributed.shard: the sequence length {x.shape[dim]} must be divisible by {parts} "
                          f"for the {layout!r} layout over {world} ranks")
@@ -137,19 +139,21 @@ def _blocks(q_chunks, kv_chunks, size, causal, window, whole):
 
 
 def _merge(out, lse, part_out, part_lse):
-    """Exact merge of two normalised partial attentions by their log-sum-exp (float32); lse has
-    out's shape without its last dimension."""
+    """Merges a normalised partial attention (part_out, part_lse) exactly into the float32 views
+    (out, lse) by their log-sum-exp, in place; lse has out's shape without its last dimension."""
     new_lse = torch.logaddexp(lse, part_lse)
     finite = torch.isfinite(new_lse)
     w_old = torch.where(finite, torch.exp(lse - new_lse), 0.0).unsqueeze(-1)
     w_new = torch.where(finite, torch.exp(part_lse - new_lse), 0.0).unsqueeze(-1)
-    return out * w_old + part_out.float() * w_new, new_lse
+    out.mul_(w_old).add_(part_out * w_new)
+    lse.copy_(new_lse)
 
 
 class _Dense:
     """(B, H, S_local, D) slices: pieces along the sequence dimension."""
 
     dim = 2
+    whole = True  # an unmasked step may take the slices whole (one call)
 
     def __init__(self, scale):
         self.scale = scale
@@ -158,7 +162,7 @@ class _Dense:
         return q.shape[:3]
 
     def lse_rows(self, lse, rows):  # lse as the ops take it, (B, H, S)
-        return lse[:, :, rows].contiguous()
+        return lse[:, :, rows]
 
     def forward(self, q, k, v, left, right):
         return torch.ops.fa.forward.default(q, k, v, self.scale, False, left, right)
@@ -173,6 +177,7 @@ class _Packed:
     pieces are taken (no window), so the rows of a call are the piece's."""
 
     dim = 0
+    whole = False  # a call's rows must be one piece (its offsets are the pieces')
 
     def __init__(self, scale, cu_seqlens, max_seqlen, parts):
         self.scale = scale
@@ -215,12 +220,10 @@ class _RingAttention(torch.autograd.Function):
         for step in range(world):
             pending = ring.start(kv) if step + 1 < world else None  # the next slice travels meanwhile
             kv_chunks = _chunk_ids(layout, (rank - step) % world, world)
-            for blk in _blocks(q_chunks, kv_chunks, size, causal, window, whole=dim == 2):
+            for blk in _blocks(q_chunks, kv_chunks, size, causal, window, rows.whole):
                 o, l = rows.forward(_rows_of(q, blk.rows, dim), _rows_of(kv[0], blk.keys, dim),
                                     _rows_of(kv[1], blk.keys, dim), blk.left, blk.right)
-                merged = _merge(_rows_of(out, blk.rows, dim), _rows_of(lse, blk.rows, dim), o, l)
-                _rows_of(out, blk.rows, dim).copy_(merged[0])
-                _rows_of(lse, blk.rows, dim).copy_(merged[1])
+                _merge(_rows_of(out, blk.rows, dim), _rows_of(lse, blk.rows, dim), o, l)
             if pending is not None:
                 kv = _Ring.wait(pending)
         out = out.to(q.dtype)
@@ -246,15 +249,15 @@ class _RingAttention(torch.autograd.Function):
         for step in range(world):
             pending = ring.start(kv) if step + 1 < world else None
             kv_chunks = _chunk_ids(layout, (rank - step) % world, world)
-            for blk in _blocks(q_chunks, kv_chunks, size, causal, window, whole=dim == 2):
+            for blk in _blocks(q_chunks, kv_chunks, size, causal, window, rows.whole):
                 target, keys = blk.rows, blk.keys
                 dqs, dks, dvs = rows.backward(
                     _rows_of(grad_out, target, dim), _rows_of(q, target, dim), _rows_of(kv[0], keys, dim),
                     _rows_of(kv[1], keys, dim), _rows_of(out, target, dim), rows.lse_rows(lse, target),
                     blk.left, blk.right)
-                _rows_of(dq, target, dim).add_(dqs.float())
-                _rows_of(dkv[0], keys, dim).add_(dks.float())
-                _rows_of(dkv[1], keys, dim).add_(dvs.float())
+                _rows_of(dq, target, dim).add_(dqs)  # into float32, no copy
+                _rows_of(dkv[0], keys, dim).add_(dks)
+                _rows_of(dkv[1], keys, dim).add_(dvs)
             # The dK/dV accumulators follow their key/value slice; after the last step one more
             # hop takes them home.
             if world > 1:
@@ -265,10 +268,7 @@ class _RingAttention(torch.autograd.Function):
 
 
 def _window(window_size, causal) -> Tuple[int, int]:
-    try:
-        left, right = (int(x) for x in window_size)
-    except (TypeError, ValueError):
-        raise ValueError(f"window_size must be a pair (left, right) of ints, -1 for unbounded; got {window_size!r}")
+    left, right = _window_pair(window_size)
     if left < -1 or right < -1:
         raise ValueError(f"window_size values must be >= -1 (-1: unbounded), got {window_size!r}")
     if causal and right > 0:
