@@ -80,7 +80,10 @@ def main():
     impls, skipped = [], {}
     for impl in args.impl.split(","):
         why = usable(model, impl)
-        (skipped.__setitem__(impl, why) if why else impls.append(impl))
+        if why:
+            skipped[impl] = why
+        else:
+            impls.append(impl)
 
     info = fa.build_info()
     print(f"# transformers {transformers.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}, "

@@ -191,9 +191,9 @@ def attention_kvcache(
             flash-attn's ``cache_leftpad``); its first key is key 0 for ``causal`` and windows.
 
     Appending the new keys and values to the cache is the caller's job (as in vLLM), before this
-    call. On CUDA the values of ``cache_seqlens`` and ``page_table`` are not checked (that would
-    synchronise with the GPU); out-of-range values give wrong results or memory faults. The CPU
-    implementation checks them.
+    call. On CUDA the values of ``cache_seqlens``, ``cache_leftpad`` and ``page_table`` are not
+    checked (that would synchronise with the GPU); out-of-range values give wrong results or memory
+    faults. The CPU implementation checks them.
 
     Returns:
         ``out`` with q's shape, or ``(out, lse)`` with ``lse`` ``(B, Hq, Sq)`` float32.

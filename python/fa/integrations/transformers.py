@@ -160,12 +160,11 @@ def _kernel_dtype(module, query, key, value):
     GPU is an error. The CPU path takes float32 as it is."""
     if query.dtype != torch.float32 or not query.is_cuda:
         return query, key, value
-    target = None
     if torch.is_autocast_enabled("cuda"):
         target = torch.get_autocast_dtype("cuda")
     else:
-        weights = [m.weight.dtype for m in module.modules() if isinstance(m, torch.nn.Linear)]
-        target = weights[0] if weights and weights[0] in (torch.float16, torch.bfloat16) else None
+        weight = next((m.weight.dtype for m in module.modules() if isinstance(m, torch.nn.Linear)), None)
+        target = weight if weight in (torch.float16, torch.bfloat16) else None
     if target is None:
         raise ValueError(
             f"{_model_name(module)} runs attention in float32 on the GPU, and fa's CUDA kernels take float16 or "
