@@ -7,8 +7,15 @@
 #
 #   family | direction | entry point (namespace fa::<family>) | params struct | causal axis
 #
-# causal axis "causal": the entry point is <Tag, head dim, causal>, one unit each; "-": <Tag, head
-# dim>, causality at run time (the KV-cache kernels, which one unit serves for both).
+# causal axis "causal": the entry point is <Tag, head dim, causal, softcap>, one unit each; "-":
+# <Tag, head dim>, causality and soft-capping at run time (the KV-cache kernels, which one unit
+# serves for all).
+#
+# Soft-capping (cpp/common/softcap.h) is a third unit of the "causal" rows, <.., true, true> (the
+# causal kernels' mask serves a call without bounds too), for the head dims of FA_SOFTCAP_HEAD_DIMS
+# in FA_HEAD_DIMS (default 128 and 256: Gemma 2's; a smaller head dim runs on the next one): 8 units
+# for the Hopper family; the Ampere family's only where FA_CUDA_ARCHS has an arch besides 90a (on
+# Hopper the Hopper family serves soft-capping), keeping a Hopper build within its time.
 #
 # The Ampere family (sm80) is compiled for every arch in FA_CUDA_ARCHS and has kernels for every
 # head dim; the Hopper family (sm90) only when 90a is among them, for its native head dims (a head
@@ -43,6 +50,30 @@ list(APPEND FA_KERNEL_TABLE
   "sm80|fwd|run_forward|ForwardParams|causal"
 )
 set(FA_SUPPORTED_DTYPES fp16 bf16)
+
+foreach(_hdim IN LISTS FA_SOFTCAP_HEAD_DIMS)
+  if(NOT _hdim IN_LIST FA_SUPPORTED_HEAD_DIMS)
+    message(FATAL_ERROR "fa: FA_SOFTCAP_HEAD_DIMS entry '${_hdim}' is not one of ${FA_SUPPORTED_HEAD_DIMS}")
+  endif()
+endforeach()
+set(_fa_ampere_arch FALSE)
+foreach(_arch IN LISTS FA_CUDA_ARCHS)
+  if(NOT _arch STREQUAL "90a")
+    set(_fa_ampere_arch TRUE)
+  endif()
+endforeach()
+set(FA_SM80_SOFTCAP_HEAD_DIMS "")
+set(FA_SM90_SOFTCAP_HEAD_DIMS "")
+foreach(_hdim IN LISTS FA_SOFTCAP_HEAD_DIMS)
+  if(_hdim IN_LIST FA_HEAD_DIMS)
+    if(_fa_ampere_arch)
+      list(APPEND FA_SM80_SOFTCAP_HEAD_DIMS ${_hdim})
+    endif()
+    if("90a" IN_LIST FA_CUDA_ARCHS AND _hdim IN_LIST FA_SM90_HEAD_DIMS AND _hdim IN_LIST FA_SM90_BWD_HEAD_DIMS)
+      list(APPEND FA_SM90_SOFTCAP_HEAD_DIMS ${_hdim})
+    endif()
+  endif()
+endforeach()
 
 foreach(_hdim IN LISTS FA_HEAD_DIMS)
   if(NOT _hdim IN_LIST FA_SUPPORTED_HEAD_DIMS)
@@ -93,6 +124,10 @@ function(fa_add_kernel_library target)
       endif()
       foreach(FA_HDIM IN LISTS _row_head_dims)
         set(_causal_values false true)
+        string(TOUPPER "${FA_FAMILY}" _family_up)
+        if(FA_HDIM IN_LIST FA_${_family_up}_SOFTCAP_HEAD_DIMS)
+          list(APPEND _causal_values softcap)
+        endif()
         if(_causal_axis STREQUAL "-")
           set(_causal_values run-time)
         endif()
@@ -100,8 +135,12 @@ function(fa_add_kernel_library target)
           set(_name "${FA_FAMILY}_${FA_DIRECTION}_hdim${FA_HDIM}_${_dtype}")
           set(FA_TEMPLATE_ARGS "fa::${FA_TAG}, ${FA_HDIM}")
           set(FA_WHAT "${FA_FAMILY} ${FA_DIRECTION}, ${FA_TAG}, head dim ${FA_HDIM}, causal: ${_causal}")
-          if(NOT _causal STREQUAL "run-time")
-            string(APPEND FA_TEMPLATE_ARGS ", ${_causal}")
+          if(_causal STREQUAL "softcap")
+            set(FA_WHAT "${FA_FAMILY} ${FA_DIRECTION}, ${FA_TAG}, head dim ${FA_HDIM}, causal mask, soft-capped")
+            string(APPEND FA_TEMPLATE_ARGS ", true, true")
+            string(APPEND _name "_causal_softcap")
+          elseif(NOT _causal STREQUAL "run-time")
+            string(APPEND FA_TEMPLATE_ARGS ", ${_causal}, false")
           endif()
           if(_causal STREQUAL "true")
             string(APPEND _name "_causal")
@@ -127,6 +166,14 @@ function(fa_add_kernel_library target)
   set(FA_CFG_SM90_BWD_HEAD_DIMS "")
   if(FA_CFG_SM90_BWD)
     string(REPLACE ";" ", " FA_CFG_SM90_BWD_HEAD_DIMS "${FA_SM90_BWD_HEAD_DIMS},")
+  endif()
+  string(REPLACE ";" ", " FA_CFG_SM80_SOFTCAP_HEAD_DIMS "${FA_SM80_SOFTCAP_HEAD_DIMS}")
+  string(REPLACE ";" ", " FA_CFG_SM90_SOFTCAP_HEAD_DIMS "${FA_SM90_SOFTCAP_HEAD_DIMS}")
+  if(FA_CFG_SM80_SOFTCAP_HEAD_DIMS)
+    string(APPEND FA_CFG_SM80_SOFTCAP_HEAD_DIMS ",")
+  endif()
+  if(FA_CFG_SM90_SOFTCAP_HEAD_DIMS)
+    string(APPEND FA_CFG_SM90_SOFTCAP_HEAD_DIMS ",")
   endif()
   string(REPLACE ";" "," FA_CFG_ARCHS "${FA_CUDA_ARCHS}")
   configure_file("${PROJECT_SOURCE_DIR}/cpp/include/fa/build_config.h.in"

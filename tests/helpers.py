@@ -11,6 +11,7 @@ A wrong tile, mask or scale errs by far more than one ulp.
 """
 
 import math
+import os
 
 import pytest
 import torch
@@ -37,6 +38,18 @@ def skip_unless_built(d, device):
     built = fa.build_info()["head_dims"]
     if device == "cuda" and d <= 256 and built and d > max(built):
         pytest.skip(f"this build has no kernel for head dim {d} (FA_HEAD_DIMS={built})")
+
+
+def skip_unless_softcap_built(d, device):
+    """Soft-capping runs on the kernels of FA_SOFTCAP_HEAD_DIMS (a head dim on the next one), the
+    Ampere family's only in builds for an arch besides 90a: a CUDA case the family chosen
+    (FA_KERNEL_FAMILY, set by the device fixture) has no such kernel for is skipped."""
+    if device != "cuda":
+        return
+    family = os.environ.get("FA_KERNEL_FAMILY", "sm90")
+    built = fa.build_info()["softcap_head_dims"].get(family, [])
+    if not any(b >= d for b in built):
+        pytest.skip(f"this build has no {family} soft-capping kernel for head dim {d} ({built})")
 
 
 def random_qkv(b, hq, hk, sq, sk, d, dtype, device, magnitude=1.0, seed=None):

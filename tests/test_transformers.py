@@ -86,11 +86,6 @@ def skip_without_kernels(device):
         pytest.skip("no fa CUDA kernels in this build")
 
 
-def fails_on_cuda_softcap(name, device):
-    """Gemma 2's soft-capping: fa's CUDA kernels do not have it yet, and the integration says so."""
-    return name == "gemma2" and device != "cpu"
-
-
 def ids_and_mask(batch, seqlen, pads=(), seed=1):
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, COMMON["vocab_size"], (batch, seqlen), generator=gen)
@@ -125,10 +120,6 @@ def test_prefill_logits(device, model_name):
     model = base_model(model_name)
     ids, _ = ids_and_mask(2, 23)
     fa_model = variant(model, "fa", dtype_of(device), device)
-    if fails_on_cuda_softcap(model_name, device):
-        with pytest.raises(NotImplementedError, match="attn_logit_softcapping"):
-            logits(fa_model, ids)
-        return
     ref = logits(variant(model, "eager", reference_dtype(device), device), ids)
     peer = logits(variant(model, PEER.get(model_name, "sdpa"), dtype_of(device), device), ids)
     assert_close_as_peer("logits", logits(fa_model, ids), peer, ref)
@@ -139,8 +130,6 @@ def test_padded_batch(device, model_name):
     # no NaN anywhere (padded rows too). The reference runs each row's real tokens alone, at the same
     # positions (eager in float64 turns a left-padded row into NaN).
     skip_without_kernels(device)
-    if fails_on_cuda_softcap(model_name, device):
-        pytest.skip("soft-capping: CPU only (test_prefill_logits checks the error)")
     model = base_model(model_name)
     ids, mask = ids_and_mask(3, 21, pads=[(5, 0), (0, 4), (0, 0)])
     positions = torch.arange(ids.shape[1]).expand_as(ids)
@@ -160,8 +149,6 @@ def test_padded_batch(device, model_name):
 def test_packed_sequences(device, model_name, how):
     # Two sequences in one row equal the same sequences run on their own.
     skip_without_kernels(device)
-    if fails_on_cuda_softcap(model_name, device):
-        pytest.skip("soft-capping: CPU only")
     model = variant(base_model(model_name), "fa", dtype_of(device), device)
     first, _ = ids_and_mask(1, 10, seed=2)
     second, _ = ids_and_mask(1, 14, seed=3)
@@ -183,8 +170,6 @@ def test_training_step(device, model_name):
     # The errors are summed over three batches: in bfloat16 one batch's error is noise of the whole
     # model, and the sinks have one value a head.
     skip_without_kernels(device)
-    if fails_on_cuda_softcap(model_name, device):
-        pytest.skip("soft-capping: CPU only")
     model = base_model(model_name).train()
     models = {"ref": variant(model, "eager", reference_dtype(device), device),
               "peer": variant(model, PEER.get(model_name, "sdpa"), dtype_of(device), device),
@@ -261,8 +246,6 @@ def test_greedy_generation(device, model_name, cache):
     # different token change all that follow): fa's own choice is eager's on >= 90% of the steps, and
     # its logits are eager's within the dtype's error at every step.
     skip_without_kernels(device)
-    if fails_on_cuda_softcap(model_name, device):
-        pytest.skip("soft-capping: CPU only")
     model = base_model(model_name)
     ids, mask = ids_and_mask(2, 9, pads=[(4, 0), (0, 0)])
     eager, eager_logits = generate(variant(model, "eager", dtype_of(device), device), ids, mask, cache)

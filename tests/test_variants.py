@@ -6,7 +6,7 @@ import torch
 
 import fa
 from helpers import (assert_within_lowp_error, poison_cuda_allocator, random_qkv, skip_unless_built,
-                     variant_attention)
+                     skip_unless_softcap_built, variant_attention)
 
 
 def dsinks_tolerance(sinks, lse, out, dout, dims):
@@ -116,37 +116,28 @@ def test_sinks_without_keys(device):
     assert torch.equal(lse, sinks.view(1, 2, 1).expand(1, 2, 3))
 
 
-# Soft-capping runs on the CPU path only for now: in the CUDA kernels its run-time branch cost the
-# plain calls 3-5% (docs/tried.md), and the CUDA ops raise.
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_softcap_large_magnitudes_cpu(head_dim):
-    # Scores of hundreds: the cap decides the softmax.
-    q, k, v = random_qkv(1, 2, 2, 190, 260, head_dim, torch.bfloat16, "cpu", magnitude=4.0)
+def test_softcap_large_magnitudes(device, head_dim):
+    # Scores of hundreds: the cap decides the softmax. Causal, no mask (the causal kernels' mask
+    # without bounds), a window with sinks; several key tiles, Sq != Sk.
+    skip_unless_softcap_built(head_dim, device)
+    q, k, v = random_qkv(1, 2, 2, 190, 260, head_dim, torch.bfloat16, device, magnitude=4.0)
     check_variant(q, k, v, True, (-1, 0), softcap=50.0)
     check_variant(q, k, v, False, (-1, -1), softcap=50.0)
-    check_variant(q, k, v, False, (30, 30), softcap=5.0, sinks=torch.randn(2))
+    check_variant(q, k, v, False, (30, 30), softcap=5.0, sinks=torch.randn(2, device=device))
 
 
-def test_softcap_fp16_gqa_cpu():
-    q, k, v = random_qkv(2, 4, 1, 300, 300, 64, torch.float16, "cpu", magnitude=2.0)
+def test_softcap_fp16_gqa(device):
+    skip_unless_softcap_built(96, device)
+    q, k, v = random_qkv(2, 4, 1, 300, 300, 96, torch.float16, device, magnitude=2.0)
     check_variant(q, k, v, True, (100, 0), softcap=20.0)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("entry", ["attention", "varlen", "kvcache"])
-def test_softcap_raises_on_cuda(entry):
-    if not torch.cuda.is_available() or not fa.build_info()["cuda_kernels_built"]:
-        pytest.skip("no CUDA GPU or no fa CUDA kernels")
-    q = torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(RuntimeError, match="softcap is not implemented in fa's CUDA kernels"):
-        if entry == "attention":
-            fa.attention(q, q, q, softcap=30.0)
-        elif entry == "varlen":
-            cu = torch.tensor([0, 16], dtype=torch.int32, device="cuda")
-            fa.attention_varlen(q[0].transpose(0, 1), q[0].transpose(0, 1), q[0].transpose(0, 1), cu, cu, 16, 16,
-                                softcap=30.0)
-        else:
-            fa.attention_kvcache(q, q, q, torch.tensor([16], dtype=torch.int32, device="cuda"), softcap=30.0)
+def test_softcap_rows_that_see_no_key(device):
+    # Sq > Sk, causal: the first rows see no key (output 0, lse -inf); the odd lengths end inside tiles.
+    skip_unless_softcap_built(128, device)
+    q, k, v = random_qkv(1, 2, 2, 333, 77, 128, torch.bfloat16, device, magnitude=3.0)
+    check_variant(q, k, v, True, (-1, 0), softcap=30.0)
 
 
 def pack(seqs):
@@ -159,8 +150,8 @@ def pack(seqs):
                          ids=["causal-window", "window-sinks", "sinks", "window-softcap"])
 def test_varlen(device, causal, window, with_sinks, softcap):
     skip_unless_built(64, device)
-    if softcap and device != "cpu":
-        pytest.skip("soft-capping: the CPU path only (test_softcap_raises_on_cuda)")
+    if softcap:
+        skip_unless_softcap_built(64, device)
     lens_q, lens_k = [1, 130, 0, 257, 64], [1, 200, 5, 257, 30]
     hq, hk, d, dtype = 4, 2, 64, torch.bfloat16
     qs = [torch.randn(n, hq, d, dtype=dtype, device=device) for n in lens_q]
@@ -225,9 +216,9 @@ def test_kvcache(device, paged, num_splits, hq, sq):
     q, k_cache, v_cache, seqlens, page_table, keys, values = make_cache(
         used, hq, 2, sq, 64, torch.float16, device, capacity=320, page_size=16 if paged else None)
     sinks = torch.randn(hq, device=device)
-    variants = [(True, (40, 0), 0.0), (False, (100, -1), 0.0), (True, (-1, 0), 0.0)]
-    if device == "cpu":  # soft-capping: the CPU path only
-        variants.append((True, (60, 0), 25.0))
+    # Soft-capping in the KV-cache kernels is a run-time choice: every build has it.
+    variants = [(True, (40, 0), 0.0), (False, (100, -1), 0.0), (True, (-1, 0), 0.0), (True, (60, 0), 25.0),
+                (False, (-1, -1), 25.0)]
     for causal, window, softcap in variants:
         out, lse = fa.attention_kvcache(q, k_cache, v_cache, seqlens, page_table, causal=causal, window_size=window,
                                         num_splits=num_splits, softcap=softcap, sinks=sinks, return_lse=True)
@@ -267,7 +258,8 @@ def test_sinks_on_another_device_raise():
 def test_opcheck_with_variants(device):
     q, k, v = random_qkv(1, 2, 2, 40, 50, 64, torch.float16, device)
     sinks = torch.randn(2, device=device)
-    softcap = 30.0 if device == "cpu" else 0.0  # soft-capping: the CPU path only
+    skip_unless_softcap_built(64, device)
+    softcap = 30.0
     torch.library.opcheck(torch.ops.fa.forward.default, (q, k, v, None, True, 7, 0, softcap, sinks))
     out, lse = torch.ops.fa.forward.default(q, k, v, None, False, 7, 3, softcap, sinks)
     torch.library.opcheck(torch.ops.fa.backward.default,
@@ -277,8 +269,8 @@ def test_opcheck_with_variants(device):
 def test_compile_fullgraph_with_variants(device):
     q, k, v = (t.requires_grad_() for t in random_qkv(1, 2, 2, 64, 64, 64, torch.bfloat16, device))
     sinks = torch.randn(2, device=device, requires_grad=True)
-
-    softcap = 30.0 if device == "cpu" else 0.0  # soft-capping: the CPU path only
+    skip_unless_softcap_built(64, device)
+    softcap = 30.0
 
     @torch.compile(fullgraph=True)
     def step(q, k, v, sinks):

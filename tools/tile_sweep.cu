@@ -135,7 +135,7 @@ void report(const std::string& name, float ms, double flops, Kernel kernel, doub
 
 template <bool kCausal, class Config, class... Rest>
 void sweep_forward(fa::ForwardParams p, const Buffers& b, double flops, std::vector<float>* ref) {
-  const float ms = median_ms([&] { return fa::sm80::launch_forward<Config, kCausal>(p, nullptr); });
+  const float ms = median_ms([&] { return fa::sm80::launch_forward<Config, kCausal, false>(p, nullptr); });
   CHECK_CUDA(cudaDeviceSynchronize());
   auto out = to_host(b.out, b.q_elems);
   if (ref->empty()) *ref = out;
@@ -147,7 +147,7 @@ void sweep_forward(fa::ForwardParams p, const Buffers& b, double flops, std::vec
 template <bool kCausal, class Config, class... Rest>
 void sweep_backward(fa::BackwardParams p, const Buffers& b, double flops, std::vector<float>* ref) {
   p.head_dim_rounded = Config::kHeadDim;
-  const float ms = median_ms([&] { return fa::sm80::launch_backward<Config, kCausal>(p, nullptr); });
+  const float ms = median_ms([&] { return fa::sm80::launch_backward<Config, kCausal, false>(p, nullptr); });
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<float> grads;
   for (auto [ptr, n] : {std::pair{b.dq, b.q_elems}, std::pair{b.dk, b.kv_elems}, std::pair{b.dv, b.kv_elems}}) {
@@ -205,7 +205,7 @@ void run(int batch, int heads, int seqlen) {
     if (FA_SWEEP_FORWARD) {
       sweep_forward<kCausal, Fwd<256>, FwdAlt<256, 128, 64, 8, 2>>(p, b, flops, &fwd_ref);
     }
-    fa::sm80::launch_forward<Fwd<256>, kCausal>(p, nullptr);
+    fa::sm80::launch_forward<Fwd<256>, kCausal, false>(p, nullptr);
     if (FA_SWEEP_BACKWARD) {
       sweep_backward<kCausal, Bwd<256>, BwdAlt<256, 64, 64, 8, 4, 2, 2, 2, DqReduce::kPairs>>(p, b, 2.5 * flops,
                                                                                              &bwd_ref);
@@ -215,7 +215,7 @@ void run(int batch, int heads, int seqlen) {
       sweep_forward<kCausal, Fwd<128>, FwdAlt<128, 128, 32, 4, 1>, FwdAlt<128, 128, 64, 4>,
                     FwdAlt<128, 64, 64, 4, 2>>(p, b, flops, &fwd_ref);
     }
-    fa::sm80::launch_forward<Fwd<128>, kCausal>(p, nullptr);
+    fa::sm80::launch_forward<Fwd<128>, kCausal, false>(p, nullptr);
     if (FA_SWEEP_BACKWARD) {
       sweep_backward<kCausal, Bwd<128>, BwdAlt<128, 64, 128, 8, 2, 4, 2, 1>,
                      BwdAlt<128, 64, 128, 8, 2, 4, 2, 2, DqReduce::kPairs>,
@@ -227,7 +227,7 @@ void run(int batch, int heads, int seqlen) {
       sweep_forward<kCausal, Fwd<64>, FwdAlt<64, 128, 64, 4, 2>, FwdAlt<64, 128, 128, 4>>(
           p, b, flops, &fwd_ref);
     }
-    fa::sm80::launch_forward<Fwd<64>, kCausal>(p, nullptr);
+    fa::sm80::launch_forward<Fwd<64>, kCausal, false>(p, nullptr);
     if (FA_SWEEP_BACKWARD) {
       sweep_backward<kCausal, Bwd<64>, BwdAlt<64, 128, 128, 8, 4, 4, 4, 1>,
                      BwdAlt<64, 128, 128, 8, 4, 4, 4, 2, DqReduce::kPairs>,

@@ -37,6 +37,7 @@
 #include "common/attention_mask.h"
 #include "common/backward_rows.h"
 #include "common/sequence.h"
+#include "common/softcap.h"
 #include "fa/params.h"
 #include "sm80/dq_reduce.h"
 #include "sm80/fragments.h"
@@ -45,7 +46,7 @@
 
 namespace fa::sm80 {
 
-template <class Config, bool kCausal>
+template <class Config, bool kCausal, bool kSoftcap>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     backward_kernel(const __grid_constant__ BackwardParams params) {
   using namespace cute;
@@ -267,16 +268,30 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     clear(acc_s);
     gemm_smem_smem(acc_s, tSrQ, thr_copy_a_sdp.retile_D(tSrQ), thr_copy_a_sdp.partition_S(sQ(stage)), copy_a_sdp,
                    tSrK, thr_copy_b_sdp.retile_D(tSrK), tSsK, copy_b_sdp, mma_sdp);
+    if constexpr (kSoftcap) softcap_scores(acc_s, params.softcap_scale);
     if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) mask.apply(acc_s, tScS, row_begin, key_begin);
     Tensor probs = rowcol_view(acc_s);
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
+    Tensor rP = make_tensor<Element>(acc_s.layout());
+    if constexpr (kSoftcap) {
+      // P into rP, and P · (1 - t²) into probs: dS is then the raw score's gradient (common/softcap.h).
+      Tensor p_rows = rowcol_view(rP);
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(probs); ++c) {
-        probs(r, c) = exp2f(probs(r, c) * params.scale_log2 - lse_log2[r]);
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(probs); ++c) {
+          probs(r, c) = capped_probability(probs(r, c), params.scale_log2, lse_log2[r], p_rows(r, c));
+        }
       }
+    } else {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(probs); ++c) {
+          probs(r, c) = exp2f(probs(r, c) * params.scale_log2 - lse_log2[r]);
+        }
+      }
+      rP = convert_fragment<Element>(acc_s);
     }
-    Tensor rP = convert_fragment<Element>(acc_s);
     copy(store_pds, thr_store_pds.retile_S(rP), tPsP);
 
     // dS = P ∘ (dO Vᵀ - delta).

@@ -25,7 +25,7 @@ template <> struct BackwardTile<128> { static constexpr int kBlockM = 64,  kBloc
 template <> struct BackwardTile<256> { static constexpr int kBlockM = 64,  kBlockN = 64,  kWarps = 8, kSdP = 4, kdKV = 2, kdQ = 2, kdOStages = 1; static constexpr DqReduce kReduce = DqReduce::kPairs; };
 
 // Launches one backward configuration: pre-pass, main kernel, post-pass.
-template <class Config, bool kCausal>
+template <class Config, bool kCausal, bool kSoftcap>
 cudaError_t launch_backward(const BackwardParams& params, cudaStream_t stream) {
   using Element = typename Config::Element;
   constexpr int kHeadDim = Config::kHeadDim;
@@ -36,7 +36,7 @@ cudaError_t launch_backward(const BackwardParams& params, cudaStream_t stream) {
   cudaError_t err = launch_backward_preprocess<Element, kHeadDim>(params, stream);
   if (err != cudaSuccess) return err;
 
-  auto kernel = &backward_kernel<Config, kCausal>;
+  auto kernel = &backward_kernel<Config, kCausal, kSoftcap>;
   // Before sm90 the kernel reduces dQ from registers and never touches the staging buffer: leave
   // it out, so the rest fits an A100's 163 KB.
   int device = 0, major = 0;
@@ -62,9 +62,9 @@ template <class Element, int kHeadDim, class T = BackwardTile<kHeadDim>>
 using BackwardConfigFor = BackwardConfig<Element, kHeadDim, T::kBlockM, T::kBlockN, T::kWarps, T::kSdP, T::kdKV,
                                          T::kdQ, T::kdOStages, T::kReduce>;
 
-template <class ElementTag, int kHeadDim, bool kCausal>
+template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream) {
-  return launch_backward<BackwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim>, kCausal>(params, stream);
+  return launch_backward<BackwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim>, kCausal, kSoftcap>(params, stream);
 }
 
 }  // namespace fa::sm80

@@ -36,6 +36,7 @@
 #include "common/attention_mask.h"
 #include "common/online_softmax.h"
 #include "common/sequence.h"
+#include "common/softcap.h"
 #include "fa/params.h"
 #include "sm80/decode_rows.h"
 #include "sm80/fragments.h"
@@ -207,6 +208,8 @@ __global__ void __launch_bounds__(Config::kThreads)
       gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q, tSrK, smem_thr_k.retile_D(tSrK),
                      pick(stage, tSsK), smem_copy_k, mma);
     }
+    // Soft-capping at run time: one instantiation serves every variant (common/softcap.h).
+    if (params.softcap_scale != 0.f) softcap_scores(acc_s, params.softcap_scale);
     if constexpr (kMasked) {  // packed rows: each row's position, not its index
       const int key0 = (n * kWarps + warp) * kWarpKeys;
       CUTE_UNROLL

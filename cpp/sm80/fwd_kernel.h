@@ -39,6 +39,7 @@
 #include "common/attention_mask.h"
 #include "common/online_softmax.h"
 #include "common/sequence.h"
+#include "common/softcap.h"
 #include "fa/params.h"
 #include "sm80/decode_rows.h"
 #include "sm80/fragments.h"
@@ -50,12 +51,14 @@ namespace fa::sm80 {
 // kDecode: the KV-cache variant (fa.forward_kvcache): keys through a page table when
 // params.page_table is set, split-KV (params.num_splits > 1: this CTA walks one share of the key
 // tiles and writes fp32 partial results for common/split_kv.h to combine), and its mask (causal,
-// window or none) entirely at run time, so it is instantiated with kCausal = true alone.
-template <class Config, bool kCausal, bool kDecode = false>
+// window or none) entirely at run time, so it is instantiated with kCausal = true alone; so is its
+// soft-capping (params.softcap_scale != 0), where the others have kSoftcap (common/softcap.h).
+template <class Config, bool kCausal, bool kSoftcap, bool kDecode = false>
 __global__ void __launch_bounds__(Config::kThreads)
     forward_kernel(const __grid_constant__ ForwardParams params) {
   using namespace cute;
   static_assert(kCausal || !kDecode, "the KV-cache variant's mask is read at run time: instantiate it causal");
+  static_assert(!(kSoftcap && kDecode), "the KV-cache variant's soft-capping is read at run time");
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM;
   constexpr int kBlockN = Config::kBlockN;
@@ -301,6 +304,7 @@ __global__ void __launch_bounds__(Config::kThreads)
 
     gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q,
                    tSrK, smem_thr_k.retile_D(tSrK), pick(stage, tSsK), smem_copy_k, mma);
+    if (kSoftcap || (kDecode && params.softcap_scale != 0.f)) softcap_scores(acc_s, params.softcap_scale);
     if constexpr (kMasked && kDecode) {  // packed rows: each row's position, not its index
       CUTE_UNROLL
       for (int i = 0; i < size(acc_s); ++i) {

@@ -48,14 +48,14 @@ cudaError_t launch_with_smem(Kernel kernel, dim3 grid, int threads, const Forwar
 
 // Launches one forward configuration: the grid, and the shared-memory opt-in above 48 KB.
 // kDecode: the KV-cache variant (a grid of batch · num_splits along z; split-KV's combine pass).
-template <class Config, bool kCausal, bool kDecode = false>
+template <class Config, bool kCausal, bool kSoftcap, bool kDecode = false>
 cudaError_t launch_forward(const ForwardParams& params, cudaStream_t stream) {
   // kDecode: a CTA per kv head, its rows the group's query heads × positions (fwd_kernel.h).
   const int rows = kDecode ? params.seqlen_q * (params.heads_q / params.heads_kv) : params.seqlen_q;
   const dim3 grid((rows + Config::kBlockM - 1) / Config::kBlockM, kDecode ? params.heads_kv : params.heads_q,
                   params.batch * (kDecode ? params.num_splits : 1));
   return launch_with_smem<typename Config::Element, Config::kSmemBytes, kDecode>(
-      &forward_kernel<Config, kCausal, kDecode>, grid, Config::kThreads, params, stream);
+      &forward_kernel<Config, kCausal, kSoftcap, kDecode>, grid, Config::kThreads, params, stream);
 }
 
 template <class Element, int kHeadDim>
@@ -63,9 +63,9 @@ using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTile<kHeadDim>:
                                        ForwardTile<kHeadDim>::kBlockN, ForwardTile<kHeadDim>::kWarps,
                                        ForwardTile<kHeadDim>::kStages>;
 
-template <class ElementTag, int kHeadDim, bool kCausal>
+template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
-  return launch_forward<ForwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim>, kCausal>(params, stream);
+  return launch_forward<ForwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim>, kCausal, kSoftcap>(params, stream);
 }
 
 }  // namespace fa::sm80

@@ -103,14 +103,14 @@ cudaError_t run_forward_kvcache(const ForwardParams& params, cudaStream_t stream
     using Rows32 = DecodeConfigFor<Element, kHeadDim, 32>;
     if (rows <= 32 && Rows32::kSmemBytes <= smem) return launch_decode<Rows32>(params, stream);
   }
-  // The 64-row tile: forward_kernel's KV-cache variant, instantiated causal (its mask reads the
-  // window bounds).
+  // The 64-row tile: forward_kernel's KV-cache variant, instantiated causal and without kSoftcap
+  // (its mask reads the window bounds, its soft-capping params.softcap_scale).
   using Tile = DecodeTile<kHeadDim>;
   using Config = ForwardConfig<Element, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kWarps, Tile::kStages>;
-  if (Config::kSmemBytes <= smem) return launch_forward<Config, true, true>(params, stream);
+  if (Config::kSmemBytes <= smem) return launch_forward<Config, true, false, true>(params, stream);
   using TwoBuffers = ForwardConfig<Element, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kWarps, 2>;
   static_assert(TwoBuffers::kSmemBytes <= kLeastOptinSmemBytes, "a KV-cache tile for sm86/sm89");
-  if (TwoBuffers::kSmemBytes <= smem) return launch_forward<TwoBuffers, true, true>(params, stream);
+  if (TwoBuffers::kSmemBytes <= smem) return launch_forward<TwoBuffers, true, false, true>(params, stream);
   return cudaErrorLaunchOutOfResources;  // no tile fits this device's shared memory
 }
 

@@ -53,6 +53,7 @@
 #include "common/fragment_convert.h"
 #include "common/grid_dependency.h"
 #include "common/sequence.h"
+#include "common/softcap.h"
 #include "fa/params.h"
 #include "sm90/bwd_epilogue.h"
 #include "sm90/bwd_load.h"
@@ -78,8 +79,9 @@ struct BackwardKernelParams {
   TmaKVStore tma_dv;
 };
 
-// The consumers up to head dim 128 (64 keys a warpgroup).
-template <class Config, bool kCausal, class Params, class Storage, class Handoff>
+// The consumers up to head dim 128 (64 keys a warpgroup). kSoftcap: soft-capped scores
+// (common/softcap.h).
+template <class Config, bool kCausal, bool kSoftcap, class Params, class Storage, class Handoff>
 CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename Config::Pipeline& pipeline_q,
                                    typename Config::PipelinedO& pipeline_do, Handoff const& handoff) {
   using namespace cute;
@@ -208,18 +210,33 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       // The previous step's dK (issued before this Sᵀ, and wgmma groups complete in order) is done:
       // its Q buffer may take the next load.
       if (kDkIntoNextStep && t > 0) release_q();
+      if constexpr (kSoftcap) softcap_scores(acc_s, p.softcap_scale);
       if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) {
         mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
       }
       auto probs = rowcol_view(acc_s);
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(probs); ++c) {
+      Tensor rP = make_tensor<Element>(acc_s.layout());
+      if constexpr (kSoftcap) {
+        // Pᵀ into rP, and Pᵀ · (1 - t²) into probs: dS is then the raw score's gradient
+        // (common/softcap.h).
+        Tensor p_rows = rowcol_view(rP);
         CUTE_UNROLL
-        for (int r = 0; r < size<0>(probs); ++r) {
-          probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - column(row_lse, lse_log2, c));
+        for (int c = 0; c < size<1>(probs); ++c) {
+          CUTE_UNROLL
+          for (int r = 0; r < size<0>(probs); ++r) {
+            probs(r, c) = capped_probability(probs(r, c), p.scale_log2, column(row_lse, lse_log2, c), p_rows(r, c));
+          }
         }
+      } else {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(probs); ++c) {
+          CUTE_UNROLL
+          for (int r = 0; r < size<0>(probs); ++r) {
+            probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - column(row_lse, lse_log2, c));
+          }
+        }
+        rP = convert_fragment<Element>(acc_s);
       }
-      Tensor rP = convert_fragment<Element>(acc_s);
       if constexpr (kRowsEarly) read_columns(delta, row_delta);
 
       // dSᵀ = Pᵀ ∘ (dPᵀ - delta).
@@ -280,7 +297,7 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
   }
 }
 
-template <class Config, bool kCausal, class Params>
+template <class Config, bool kCausal, bool kSoftcap, class Params>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     backward_kernel(const __grid_constant__ Params params) {
   using namespace cute;
@@ -331,9 +348,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
   if constexpr (Config::kSplitHeadDim) {
-    backward_mma_split<Config, kCausal>(params, smem, pipeline_q, pipeline_do, handoff);
+    backward_mma_split<Config, kCausal, kSoftcap>(params, smem, pipeline_q, pipeline_do, handoff);
   } else {
-    backward_mma_keys<Config, kCausal>(params, smem, pipeline_q, pipeline_do, handoff);
+    backward_mma_keys<Config, kCausal, kSoftcap>(params, smem, pipeline_q, pipeline_do, handoff);
   }
 }
 

@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(Config::kMmaThreads)
                                                 p.head_dim, tid, Config::kMmaThreads);
 }
 
-template <class Config, bool kCausal>
+template <class Config, bool kCausal, bool kSoftcap>
 cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Config::Element;
@@ -165,7 +165,7 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   using Params = BackwardKernelParams<decltype(tma_q), decltype(tma_k), decltype(tma_dk)>;
   Params params{p, order, tma_q, tma_do, tma_k, tma_v, tma_dk, tma_dv};
 
-  auto kernel = &backward_kernel<Config, kCausal, Params>;
+  auto kernel = &backward_kernel<Config, kCausal, kSoftcap, Params>;
   constexpr int kSmem = Config::kSmemBytes;
   static PerDevice smem_opted_in;
   err = opt_in_smem(smem_opted_in, kernel, kSmem);
@@ -179,9 +179,9 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
                                  stream, p);
 }
 
-template <class ElementTag, int kHeadDim, bool kCausal>
+template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream) {
-  return launch_backward<BackwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim>, kCausal>(params, stream);
+  return launch_backward<BackwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim>, kCausal, kSoftcap>(params, stream);
 }
 
 }  // namespace fa::sm90

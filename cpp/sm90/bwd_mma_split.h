@@ -19,6 +19,7 @@
 #include "common/attention_mask.h"
 #include "common/fragment_convert.h"
 #include "common/sequence.h"
+#include "common/softcap.h"
 #include "fa/params.h"
 #include "sm90/bwd_epilogue.h"
 #include "sm90/bwd_load.h"
@@ -53,7 +54,7 @@ CUTE_DEVICE void forget_values(Tensor& t) {
   for (int i = 0; i < cute::size(t); ++i) asm volatile("" : "=f"(t(i)));
 }
 
-template <class Config, bool kCausal, class Params, class Storage, class Handoff>
+template <class Config, bool kCausal, bool kSoftcap, class Params, class Storage, class Handoff>
 CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typename Config::Pipeline& pipeline_q,
                                     typename Config::PipelinedO& pipeline_do, Handoff const& handoff) {
   static_assert(Config::kSplitHeadDim && Config::kdQFromRegisters);
@@ -173,15 +174,30 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       // past seqlen_q: P = 0); masked: keys past seqlen_k and, causal, after a row's diagonal.
       gemm_wait<1>(acc_s);
       auto probs = rowcol_view(acc_s);
+      if constexpr (kSoftcap) softcap_scores(acc_s, p.softcap_scale);
       if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) {
         mask.apply_rows(probs, score_coords, row_begin, key_begin);
       }
-      CUTE_UNROLL
-      for (int r = 0; r < size<0>(probs); ++r) {
+      Tensor rP = make_tensor<Element>(acc_s.layout());
+      if constexpr (kSoftcap) {
+        // P into rP, and P · (1 - t²) into probs: dS is then the raw score's gradient
+        // (common/softcap.h).
+        Tensor p_rows = rowcol_view(rP);
         CUTE_UNROLL
-        for (int c = 0; c < size<1>(probs); ++c) probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - row_lse[r]);
+        for (int r = 0; r < size<0>(probs); ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(probs); ++c) {
+            probs(r, c) = capped_probability(probs(r, c), p.scale_log2, row_lse[r], p_rows(r, c));
+          }
+        }
+      } else {
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(probs); ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(probs); ++c) probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - row_lse[r]);
+        }
+        rP = convert_fragment<Element>(acc_s);
       }
-      Tensor rP = convert_fragment<Element>(acc_s);
       // dS = P ∘ (dP - delta).
       gemm_wait<0>(acc_dp);
       auto dscores = rowcol_view(acc_dp);

@@ -60,7 +60,7 @@ struct ForwardKernelParams {
 };
 
 // The roles of a forward CTA (above), once its barriers are initialised.
-template <class Config, bool kCausal, class Params, class Storage, class KVPipeline>
+template <class Config, bool kCausal, bool kSoftcap, class Params, class Storage, class KVPipeline>
 CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipeline_k, KVPipeline& pipeline_v) {
   using namespace cute;
   const ForwardParams& p = params.attn;
@@ -80,7 +80,7 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
   // Read again past the register reallocation, rather than carried across it (where ptxas spilled
   // it at D = 256).
   const int consumer = cutlass::canonical_warp_group_idx() - 1;
-  using Mainloop = ForwardMainloop<Config, kCausal>;
+  using Mainloop = ForwardMainloop<Config, kCausal, kSoftcap>;
   using Epilogue = ForwardEpilogue<Config>;
   const int mma_tid = threadIdx.x - 128;
   const WarpgroupTurns<Config::kMmaWarpgroups> turns(consumer);
@@ -126,7 +126,7 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
   Epilogue::finish(mma_tid);
 }
 
-template <class Config, bool kCausal, class Params>
+template <class Config, bool kCausal, bool kSoftcap, class Params>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     forward_kernel(const __grid_constant__ Params params) {
   using namespace cute;
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     KVPipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
     KVPipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before any role uses them
-    run_roles<Config, kCausal>(params, smem, pipeline_k, pipeline_v);
+    run_roles<Config, kCausal, kSoftcap>(params, smem, pipeline_k, pipeline_v);
   } else {
     // A CTA pair's K/V buffers are filled by both CTAs and released by both CTAs' consumers (the
     // empty barriers then count one arrival per consumer warpgroup of the pair: pipeline.h).
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     KVPipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{}, cute::false_type{});
     cute::cluster_arrive_relaxed();  // both CTAs' barriers initialised before either uses them
     cute::cluster_wait();
-    run_roles<Config, kCausal>(params, smem, pipeline_k, pipeline_v);
+    run_roles<Config, kCausal, kSoftcap>(params, smem, pipeline_k, pipeline_v);
   }
 }
 

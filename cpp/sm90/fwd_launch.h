@@ -160,7 +160,7 @@ cudaError_t max_cta_pairs(Kernel kernel, cudaLaunchConfig_t& config, cudaLaunchA
   return err;
 }
 
-template <class Config, bool kCausal>
+template <class Config, bool kCausal, bool kSoftcap>
 cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Config::Element;
@@ -205,7 +205,7 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
                                            dynamic ? p.tile_counter : nullptr),
                 tma_q, tma_k, tma_v, tma_o, 1, PairCopy{}, PairCopy{}};
 
-  auto kernel = &forward_kernel<Config, kCausal, Params>;
+  auto kernel = &forward_kernel<Config, kCausal, kSoftcap, Params>;
   constexpr int kSmem = Config::kSmemBytes;
   static PerDevice smem_opted_in;
   err = opt_in_smem(smem_opted_in, kernel, kSmem);
@@ -233,22 +233,23 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 
-template <class ElementTag, int kHeadDim, bool kCausal>
+template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
   using Element = cutlass_element_t<ElementTag>;
   using Short = ShortQueryTile<kHeadDim, kCausal>;
   using Long = LongKeyTile<kHeadDim, kCausal>;
   if constexpr (Short::kBelowRows > 0) {
     if (params.seqlen_q < Short::kBelowRows) {
-      return launch_forward<ForwardConfigOf<Element, kHeadDim, Short>, kCausal>(params, stream);
+      return launch_forward<ForwardConfigOf<Element, kHeadDim, Short>, kCausal, kSoftcap>(params, stream);
     }
   }
   if constexpr (Long::kFromKeys > 0) {
     if (params.seqlen_k >= Long::kFromKeys) {  // a varlen batch's max_seqlen_k
-      return launch_forward<ForwardConfigOf<Element, kHeadDim, Long>, kCausal>(params, stream);
+      return launch_forward<ForwardConfigOf<Element, kHeadDim, Long>, kCausal, kSoftcap>(params, stream);
     }
   }
-  return launch_forward<ForwardConfigOf<Element, kHeadDim, ForwardTile<kHeadDim, kCausal>>, kCausal>(params, stream);
+  return launch_forward<ForwardConfigOf<Element, kHeadDim, ForwardTile<kHeadDim, kCausal>>, kCausal, kSoftcap>(
+      params, stream);
 }
 
 }  // namespace fa::sm90

@@ -17,6 +17,7 @@
 
 #include "common/attention_mask.h"
 #include "common/online_softmax.h"
+#include "common/softcap.h"
 #include "fa/params.h"
 #include "sm90/fragments.h"
 #include "sm90/named_barriers.h"
@@ -26,7 +27,8 @@
 
 namespace fa::sm90 {
 
-template <class Config, bool kCausal>
+// kSoftcap: the scores are soft-capped (common/softcap.h) before the mask and the softmax.
+template <class Config, bool kCausal, bool kSoftcap>
 struct ForwardMainloop {
   using Element = typename Config::Element;
   using KVPipeline = typename Config::KVPipeline;
@@ -34,6 +36,10 @@ struct ForwardMainloop {
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
   enum : int { kUnmasked, kMasked, kLeftMasked };  // a key tile's mask (softmax_of)
+  // The rows whose exponentials precede the wait for O's GEMM (Config::kRowsBeforeOWait, below):
+  // none where soft-capping's tanh joins the step at D = 256 (with one row ptxas spilled 72 bytes
+  // there, with no fence 32, with none 8).
+  static constexpr int kRowsBeforeOWait = kSoftcap && Config::kHeadDim == 256 ? 0 : Config::kRowsBeforeOWait;
 
   // The first of this consumer warpgroup's 64 rows, within the tile. Read through
   // canonical_warp_group_idx() (a warp shuffle), which the compiler knows to be warp-uniform: the
@@ -103,6 +109,7 @@ struct ForwardMainloop {
     auto softmax_of = [&](int n, auto masked, auto first_rows) {
       constexpr int kFirstRows = decltype(first_rows)::value;
       auto scores = rowcol_view(acc_s);
+      if constexpr (kSoftcap) softcap_scores(acc_s, p.softcap_scale);
       if constexpr (decltype(masked)::value == kMasked) {
         mask.apply_rows(scores, rowcol_view(tScS), row0, n * kBlockN);
       } else if constexpr (decltype(masked)::value == kLeftMasked) {
@@ -200,11 +207,11 @@ struct ForwardMainloop {
       turns.pass();
       gemm_wait<1>(acc_s);  // S[n] done; O's GEMM may still run
       release(pipeline_k, smem.pipeline_k, k_state);
-      if constexpr (Config::kRowsBeforeOWait < 0) {
+      if constexpr (kRowsBeforeOWait < 0) {
         softmax_of(n, masked, AllRows{});
         gemm_wait<0>(acc_o);
       } else {
-        constexpr int kFirst = Config::kRowsBeforeOWait;
+        constexpr int kFirst = kRowsBeforeOWait;
         softmax_of(n, masked, cute::Int<kFirst>{});
         float sums = 0.f;
         CUTE_UNROLL

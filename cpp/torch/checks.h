@@ -78,6 +78,9 @@ struct Variant {
   // Whether a key's visibility depends on the query's position (causal or a window): the kernels
   // instantiated for causal serve every such mask, with the bounds at run time.
   bool local() const { return window_left >= 0 || window_right >= 0; }
+  // Whether the call runs on the kernels instantiated for causal: a local mask, or soft-capping,
+  // whose kernels exist with that mask alone (it serves a call without bounds too).
+  bool causal_kernels() const { return local() || softcap > 0; }
 };
 
 // Checks and normalises the variant arguments of `op`: window bounds -1 or >= 0 (causal with

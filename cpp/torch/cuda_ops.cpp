@@ -88,14 +88,21 @@ enum class Family { kSm80, kSm90 };
 
 enum class Direction { kForward, kBackward };
 
-// The smallest head dim >= head_dim that `family` has kernels for in `direction` (0: none). Its
-// tiles zero-fill the columns past D.
-int family_head_dim(Family family, int64_t head_dim, Direction direction = Direction::kForward) {
+// The smallest head dim >= head_dim that `family` has kernels for in `direction` (0: none), with
+// soft-capping where `softcap` (forward and backward alike). Its tiles zero-fill the columns past D.
+int family_head_dim(Family family, int64_t head_dim, Direction direction = Direction::kForward,
+                    bool softcap = false) {
   int best = 0;
   auto consider = [&](int d) {
     if (d != 0 && d >= head_dim && (best == 0 || d < best)) best = d;
   };
-  if (family == Family::kSm80) {
+  if (softcap) {
+    if (family == Family::kSm80) {
+      for (int d : build_config::kSm80SoftcapHeadDims) consider(d);
+    } else {
+      for (int d : build_config::kSm90SoftcapHeadDims) consider(d);
+    }
+  } else if (family == Family::kSm80) {
     for (int d : build_config::kHeadDims) consider(d);
   } else if (direction == Direction::kForward) {
     for (int d : build_config::kSm90HeadDims) consider(d);
@@ -118,11 +125,29 @@ int kernel_head_dim(int64_t head_dim, const char* op) {
   return best;
 }
 
-// The kernels that serve a call: a family and its kernel head dim.
+// The kernels that serve a call: a family, its kernel head dim, and whether they soft-cap.
 struct Kernels {
   Family family;
   int head_dim;
+  bool softcap = false;
 };
+
+// The Ampere family's soft-capping kernel for a call, or a clear error where this build has none
+// (FA_SOFTCAP_HEAD_DIMS; the Ampere family's are built only for archs besides 90a).
+Kernels sm80_softcap_kernels(int64_t head_dim, const char* op) {
+  const int best = family_head_dim(Family::kSm80, head_dim, Direction::kForward, true);
+  if (best == 0) {
+    std::string sm80, sm90;
+    for (int d : build_config::kSm80SoftcapHeadDims) sm80 += d != 0 ? " " + str_of(int64_t(d)) : "";
+    for (int d : build_config::kSm90SoftcapHeadDims) sm90 += d != 0 ? " " + str_of(int64_t(d)) : "";
+    fail(op, ": softcap at head_dim ", str_of(head_dim), " needs a soft-capping kernel for a head dim >= ",
+         str_of(head_dim), " of the kernel family that serves the call; this build has them for head dims",
+         sm90.empty() ? " (none)" : sm90, " on Hopper (sm90a) and", sm80.empty() ? " (none)" : sm80,
+         " in the Ampere family, which has them only where FA_CUDA_ARCHS lists an arch besides 90a ",
+         "(FA_SOFTCAP_HEAD_DIMS)");
+  }
+  return {Family::kSm80, best, true};
+}
 
 // The environment variable FA_KERNEL_FAMILY, read at every call, chooses the family (sm80, sm90,
 // or auto / unset). auto takes the Hopper family where it can serve the call (an sm90 device, a
@@ -136,32 +161,40 @@ std::string family_setting(const char* op) {
 }
 
 // The forward: FA_KERNEL_FAMILY=sm90 where the Hopper family cannot serve the call is an error.
-Kernels forward_kernels(const std::string& arch, int64_t head_dim, const char* op) {
+Kernels forward_kernels(const std::string& arch, int64_t head_dim, bool softcap, const char* op) {
   const std::string want = family_setting(op);
-  const int sm90_head_dim = arch == "90a" ? family_head_dim(Family::kSm90, head_dim) : 0;
+  const int sm90_head_dim = arch == "90a" ? family_head_dim(Family::kSm90, head_dim, Direction::kForward, softcap) : 0;
   if (want == "sm90") {
     FA_CHECK(sm90_head_dim != 0, op, ": FA_KERNEL_FAMILY=sm90, but the Hopper family cannot serve this call: ",
                 arch != "90a" ? "the device is sm_" + arch + ", not sm_90a"
                 : !build_config::kSm90Forward ? std::string("this build has no Hopper kernels (FA_CUDA_ARCHS lacks 90a)")
+                : softcap ? "this build has no Hopper soft-capping kernel for head dim " + str_of(head_dim) +
+                                " (FA_SOFTCAP_HEAD_DIMS)"
                 : "this build has no Hopper kernel for head dim " + str_of(head_dim) + " (FA_HEAD_DIMS)");
   }
-  if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim};
+  if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim, softcap};
+  if (softcap) return sm80_softcap_kernels(head_dim, op);
   return {Family::kSm80, kernel_head_dim(head_dim, op)};
 }
 
 // The backward: the Hopper family where it has a kernel (head dims up to 128 for now), else the
 // Ampere family, also under FA_KERNEL_FAMILY=sm90 (the forward of those head dims is Hopper's;
 // the pair stays one consistent choice per call).
-Kernels backward_kernels(const std::string& arch, int64_t head_dim, const char* op) {
+Kernels backward_kernels(const std::string& arch, int64_t head_dim, bool softcap, const char* op) {
   const std::string want = family_setting(op);
-  const int sm90_head_dim = arch == "90a" ? family_head_dim(Family::kSm90, head_dim, Direction::kBackward) : 0;
-  if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim};
+  const int sm90_head_dim =
+      arch == "90a" ? family_head_dim(Family::kSm90, head_dim, Direction::kBackward, softcap) : 0;
+  if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim, softcap};
+  if (softcap) return sm80_softcap_kernels(head_dim, op);
   return {Family::kSm80, kernel_head_dim(head_dim, op)};
 }
 
-// Whether this build holds kernels of the family for head_dim in the direction.
-template <Family kFamily, Direction kDirection>
+// Whether this build holds kernels of the family for head_dim in the direction (soft-capping ones
+// where kSoftcap).
+template <Family kFamily, Direction kDirection, bool kSoftcap>
 constexpr bool built(int head_dim) {
+  if constexpr (kSoftcap && kFamily == Family::kSm80) return build_config::listed(build_config::kSm80SoftcapHeadDims, head_dim);
+  if constexpr (kSoftcap) return build_config::listed(build_config::kSm90SoftcapHeadDims, head_dim);
   if constexpr (kFamily == Family::kSm80) return build_config::has_head_dim(head_dim);
   if constexpr (kDirection == Direction::kForward) return build_config::has_sm90_head_dim(head_dim);
   return build_config::has_sm90_backward_head_dim(head_dim);
@@ -169,13 +202,13 @@ constexpr bool built(int head_dim) {
 
 // Calls fn(ElementTag{}, integral_constant<head dim>{}) for the runtime choice. Only the
 // combinations this build holds for the family are instantiated.
-template <Family kFamily, Direction kDirection, class Fn>
+template <Family kFamily, Direction kDirection, bool kSoftcap = false, class Fn>
 cudaError_t dispatch(ScalarType dtype, int head_dim, const char* op, Fn&& fn) {
   auto with_head_dim = [&](auto tag) -> cudaError_t {
     switch (head_dim) {
 #define FA_HEAD_DIM_CASE(D)                                                            \
   case D:                                                                              \
-    if constexpr (built<kFamily, kDirection>(D)) return fn(tag, std::integral_constant<int, D>{}); \
+    if constexpr (built<kFamily, kDirection, kSoftcap>(D)) return fn(tag, std::integral_constant<int, D>{}); \
     break;
       FA_HEAD_DIM_CASE(32)
       FA_HEAD_DIM_CASE(64)
@@ -195,12 +228,17 @@ cudaError_t dispatch(ScalarType dtype, int head_dim, const char* op, Fn&& fn) {
   fail(op, ": this build has no kernels for ", dtype_name(dtype), " (FA_DTYPES)");
 }
 
-// The same with bool_constant<causal>{} as fn's third argument: kernels instantiated per causal
-// choice.
+// The same for `kernels` with bool_constant<causal>{} and bool_constant<softcap>{} as fn's third
+// and fourth arguments: kernels instantiated per causal choice, and soft-capping ones causal alone.
 template <Family kFamily, Direction kDirection, class Fn>
-cudaError_t dispatch(ScalarType dtype, int head_dim, bool causal, const char* op, Fn&& fn) {
-  return dispatch<kFamily, kDirection>(dtype, head_dim, op, [&](auto tag, auto hd) -> cudaError_t {
-    return causal ? fn(tag, hd, std::true_type{}) : fn(tag, hd, std::false_type{});
+cudaError_t dispatch(ScalarType dtype, const Kernels& kernels, bool causal, const char* op, Fn&& fn) {
+  if (kernels.softcap) {
+    return dispatch<kFamily, kDirection, true>(dtype, kernels.head_dim, op, [&](auto tag, auto hd) {
+      return fn(tag, hd, std::true_type{}, std::true_type{});
+    });
+  }
+  return dispatch<kFamily, kDirection>(dtype, kernels.head_dim, op, [&](auto tag, auto hd) -> cudaError_t {
+    return causal ? fn(tag, hd, std::true_type{}, std::false_type{}) : fn(tag, hd, std::false_type{}, std::false_type{});
   });
 }
 
@@ -237,20 +275,25 @@ void fill_forward_params(ForwardParams& p, const Tensor& q, const Tensor& k, con
   p.scale_log2 = scale * static_cast<float>(M_LOG2E);
 }
 
-// The variant's bounds and sinks into p. A window bound past every key is no bound in effect; the
-// kernels clamp them (common/attention_mask.h), so any int is fine here.
-void set_variant(ForwardParams& p, const Variant& v, const char* op) {
-  // Soft-capping in the kernels as a run-time branch cost 3-5% on plain calls (docs/tried.md).
-  FA_CHECK(v.softcap == 0, op, ": softcap is not implemented in fa's CUDA kernels yet (the CPU path has it); "
-           "call without softcap or on CPU tensors");
+// The variant's bounds, sinks and soft-capping into p (after fill_forward_params: soft-capping
+// moves the softmax's scale onto the capped scores, common/softcap.h; the backward keeps p.scale,
+// by which it scales dQ and dK). A window bound past every key is no bound in effect; the kernels
+// clamp them (common/attention_mask.h), so any int is fine here.
+void set_variant(ForwardParams& p, const Variant& v, Direction direction) {
   auto bound = [](int64_t b) { return static_cast<int>(std::min<int64_t>(b, int64_t(1) << 30)); };
   p.window_left = bound(v.window_left);
   p.window_right = bound(v.window_right);
   p.sinks = v.sinks ? static_cast<const float*>(v.sinks->data_ptr()) : nullptr;
+  if (v.softcap > 0) {
+    const float softcap = static_cast<float>(v.softcap);
+    p.softcap_scale = p.scale / softcap;
+    p.scale_log2 = softcap * static_cast<float>(M_LOG2E);
+    if (direction == Direction::kForward) p.scale = softcap;
+  }
 }
 
-// Launches the forward kernels of `kernels` for p on q's current stream; local: causal or a
-// window (the kernels instantiated for causal, common/attention_mask.h).
+// Launches the forward kernels of `kernels` for p on q's current stream; causal: the kernels
+// instantiated for causal (Variant::causal_kernels: a window's too, common/attention_mask.h).
 void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kernels, bool causal, const char* op) {
   const cudaStream_t stream = current_stream(q);
   cudaError_t err;
@@ -264,12 +307,12 @@ void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kerne
       // A memset node rather than torch's fill kernel: less host time per call.
       check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), op);
     }
-    err = dispatch<Family::kSm90, Direction::kForward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
-      return sm90::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+    err = dispatch<Family::kSm90, Direction::kForward>(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto c, auto sc) {
+      return sm90::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value, decltype(sc)::value>(p, stream);
     });
   } else {
-    err = dispatch<Family::kSm80, Direction::kForward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
-      return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+    err = dispatch<Family::kSm80, Direction::kForward>(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto c, auto sc) {
+      return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value, decltype(sc)::value>(p, stream);
     });
   }
   if (err != cudaSuccess) raise_launch_error(err, q, op);
@@ -286,8 +329,8 @@ void forward_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, const
   const Tensor k = aligned_for_kernels(k_in);
   const Tensor v = aligned_for_kernels(v_in);
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
-  set_variant(p, variant, op);
-  run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, op), variant.local(), op);
+  set_variant(p, variant, Direction::kForward);
+  run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant.causal_kernels(), op);
 }
 
 std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -374,7 +417,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
 
   ForwardParams p;
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
-  set_variant(p, variant, op);
+  set_variant(p, variant, Direction::kForward);
   p.seqused_k = static_cast<const int*>(cache_seqlens.data_ptr());
   if (cache_leftpad) p.leftpad_k = static_cast<const int*>(cache_leftpad->data_ptr());
   if (page_table) {
@@ -427,7 +470,7 @@ struct BackwardInputs {
 void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gradients& g,
                           const AttentionShape& s, float scale, const Kernels& kernels, const Variant& variant,
                           const char* op) {
-  const bool causal = variant.local();  // the kernels instantiated for causal serve every window
+  const bool causal = variant.causal_kernels();  // the kernels instantiated for causal serve every window
   check_grid_limits(s, op);
   FA_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
   const Tensor& q = in.q;
@@ -453,7 +496,7 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   float* const base = static_cast<float*>(workspace.data_ptr());
 
   fill_forward_params(p, q, in.k, in.v, in.out, in.lse, s, scale);
-  set_variant(p, variant, op);
+  set_variant(p, variant, Direction::kBackward);
   p.dout = in.dout.data_ptr();
   p.dout_stride = strides_of(in.dout);
   p.dq = g.dq.data_ptr();
@@ -477,12 +520,12 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   const cudaStream_t stream = current_stream(q);
   cudaError_t err;
   if (kernels.family == Family::kSm90) {
-    err = dispatch<Family::kSm90, Direction::kBackward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
-      return sm90::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+    err = dispatch<Family::kSm90, Direction::kBackward>(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto c, auto sc) {
+      return sm90::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value, decltype(sc)::value>(p, stream);
     });
   } else {
-    err = dispatch<Family::kSm80, Direction::kBackward>(q.scalar_type(), kernels.head_dim, causal, op, [&](auto tag, auto hd, auto c) {
-      return sm80::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value>(p, stream);
+    err = dispatch<Family::kSm80, Direction::kBackward>(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto c, auto sc) {
+      return sm80::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value, decltype(sc)::value>(p, stream);
     });
   }
   if (err != cudaSuccess) raise_launch_error(err, q, op);
@@ -505,7 +548,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
 
   BackwardParams p;
   run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
-                       backward_kernels(arch, s.head_dim, op), variant, op);
+                       backward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant, op);
   return {g.dq, g.dk, g.dv};
 }
 
@@ -532,7 +575,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, c
   BackwardParams p;
   set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
   run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
-                       backward_kernels(arch, s.head_dim, op), variant, op);
+                       backward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant, op);
   return {g.dq, g.dk, g.dv};
 }
 

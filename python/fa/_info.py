@@ -72,6 +72,11 @@ def build_info() -> Dict[str, Any]:
         "sm90_head_dims": [int(d) for d in _split(getattr(cfg, "sm90_head_dims", ""))] if cfg else [],
         "sm90_backward_head_dims": (
             [int(d) for d in _split(getattr(cfg, "sm90_backward_head_dims", ""))] if cfg else []),
+        # Soft-capping kernels (forward and backward) per family: a head dim runs on the next one.
+        "softcap_head_dims": {
+            family: [int(d) for d in _split(getattr(cfg, f"{family}_softcap_head_dims", ""))] if cfg else []
+            for family in ("sm80", "sm90")
+        },
         "lineinfo": bool(cfg) and cfg.lineinfo.upper() in ("ON", "TRUE", "1"),
         "device": None,
         "device_kernel_family": None,

@@ -82,8 +82,9 @@ def attention(
             convention: Mistral's 4096-token window is ``causal=True, window_size=(4095, 0)``.
             Key tiles outside every row's window are skipped, so the cost follows the window.
         softcap: ``> 0``: scores become ``softcap * tanh(scores * scale / softcap)`` before the
-            softmax (Gemma 2's logit soft-capping). For now on CPU tensors only: the CUDA ops
-            raise.
+            softmax (Gemma 2's logit soft-capping), with its gradient. CUDA builds have
+            soft-capping kernels for the head dims of ``FA_SOFTCAP_HEAD_DIMS`` (default 128 and
+            256; a smaller head dim runs on the next one).
         sinks: float32 ``(Hq,)``: one logit per query head that joins every row's softmax
             denominator as a key without a value (gpt-oss's attention sinks), differentiable. The
             returned ``lse`` includes it; a row that sees no key gets output 0 and ``lse = sink``.

@@ -1,7 +1,10 @@
 // Entry points of the kernel families: the only functions the binding calls.
 //
 // Each is explicitly instantiated in one generated translation unit per
-// (family, direction, dtype, head dim, causal); cmake/FaKernels.cmake holds the table of what ships.
+// (family, direction, dtype, head dim, causal, soft-capping); cmake/FaKernels.cmake holds the table
+// of what ships. kCausal: the mask of common/attention_mask.h with its bounds read at run time
+// (causal or a window; it serves a call without bounds too); kSoftcap: soft-capped scores
+// (common/softcap.h), instantiated with kCausal alone.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -30,14 +33,15 @@ constexpr int decode_block_m(long long rows) { return rows <= 16 ? 16 : rows <= 
 namespace sm80 {
 
 // Ampere family (mma.sync, cp.async, ldmatrix): sm80 and newer.
-template <class ElementTag, int kHeadDim, bool kCausal>
+template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
 
-// The KV-cache forward (params.seqused_k set); its mask is params.window_left/right alone.
+// The KV-cache forward (params.seqused_k set); its mask is params.window_left/right alone, its
+// soft-capping params.softcap_scale.
 template <class ElementTag, int kHeadDim>
 cudaError_t run_forward_kvcache(const ForwardParams& params, cudaStream_t stream);
 
-template <class ElementTag, int kHeadDim, bool kCausal>
+template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);
 
 }  // namespace sm80
@@ -45,12 +49,12 @@ cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);
 namespace sm90 {
 
 // Hopper family (wgmma, TMA, warp specialisation): sm90a only. Native head dims 64, 128, 256.
-template <class ElementTag, int kHeadDim, bool kCausal>
+template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
 
 // Native head dims 64 and 128; params.lse_log2 must be set, and the dQ workspace is laid out in
 // the kernel's own tile order (sm90/bwd_config.h), not row-major.
-template <class ElementTag, int kHeadDim, bool kCausal>
+template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);
 
 }  // namespace sm90

@@ -87,6 +87,10 @@ struct ForwardParams {
   // Sink logits, float32 (heads_q,), else null: query head h's rows add exp(sinks[h]) to their
   // softmax denominator (a key with no value); lse includes it.
   const float* sinks = nullptr;
+  // Soft-capping (common/softcap.h): scale / softcap, else 0. With it, scale and scale_log2 are
+  // the softmax's on the capped scores (softcap, softcap · log2 e); the backward keeps scale as the
+  // call's own (dQ and dK are scaled by it).
+  float softcap_scale = 0.f;
 };
 
 // Gradients of the forward above. The forward's pointers are read again (out as dO's partner).

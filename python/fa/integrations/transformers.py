@@ -84,11 +84,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise ValueError("fa never forms the attention weights: output_attentions=True needs attn_implementation='eager'")
     query, key, value = _kernel_dtype(module, query, key, value)
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    if softcap and query.is_cuda:
-        raise NotImplementedError(
-            f"{_model_name(module)} caps its attention logits (attn_logit_softcapping = {softcap}), and fa's CUDA "
-            "kernels have no soft-capping yet (fa's CPU path has): use attn_implementation='eager' on the GPU"
-        )
     options = dict(
         causal=causal,
         scale=scaling,
