@@ -29,9 +29,10 @@ page table), empty and odd-length entries, Sq 1 and 3, one split and several, le
 contiguous caches (cache_leftpad, a pad covering a whole entry among them), on both decode
 kernels (group · Sq up to 16 packed rows, and more), and again as a GPU with 99 KB of shared memory
 a CTA (FA_MAX_SHARED_MEMORY) would run some of them.
-variants: sliding windows with sinks (window_size, sinks) on the dense forward and backward of each
-head dim and family (left bounds inside a key tile and over several, right bounds, windows that
-leave rows no key), varlen, and the KV cache with one split and several."""
+variants: sliding windows with sinks (window_size, sinks), half of them soft-capped (softcap), on the
+dense forward and backward of each head dim and family (left bounds inside a key tile and over
+several, right bounds, windows that leave rows no key, soft-capping without bounds), varlen, and
+the KV cache with one split and several."""
 
 import os
 import sys
@@ -129,12 +130,13 @@ def variants():
         for (b, sq, sk, d) in ((1, 77, 133, 64), (2, 700, 300, 128), (1, 330, 900, 256), (1, 1100, 1100, 64)):
             if head_dims is not None and d not in head_dims:
                 continue
-            for causal, window in ((True, (40, 0)), (False, (200, 9)), (False, (0, 0)), (True, (300, -1))):
+            for causal, window, softcap in ((True, (40, 0), 30.0), (False, (200, 9), 0.0), (False, (0, 0), 0.0),
+                                            (True, (300, -1), 0.0), (False, (-1, -1), 30.0)):
                 q = torch.randn(b, 4, sq, d, device="cuda", dtype=torch.float16, requires_grad=True)
                 k = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=True)
                 v = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=True)
                 sinks = torch.randn(4, device="cuda", requires_grad=True)
-                out = fa.attention(q, k, v, causal=causal, window_size=window, sinks=sinks)
+                out = fa.attention(q, k, v, causal=causal, window_size=window, softcap=softcap, sinks=sinks)
                 out.backward(torch.randn_like(out))
         lengths_q, lengths_k = [0, 77, 1, 130, 200, 3], [61, 0, 133, 130, 5, 300]
         cu_q = torch.tensor([0] + lengths_q, device="cuda").cumsum(0).int()
@@ -144,7 +146,7 @@ def variants():
         v = torch.randn(sum(lengths_k), 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
         sinks = torch.randn(4, device="cuda", requires_grad=True)
         out = fa.attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=True,
-                                  window_size=(50, 0), sinks=sinks)
+                                  window_size=(50, 0), softcap=20.0, sinks=sinks)
         out.backward(torch.randn_like(out))
         print(f"sanitize case done: variants, {family}")
     used = torch.tensor([0, 1, 77, 300, 513], dtype=torch.int32, device="cuda")
@@ -153,7 +155,7 @@ def variants():
         k = torch.randn(5, 2, 520, 128, device="cuda", dtype=torch.float16)
         for splits in (1, 5):
             fa.attention_kvcache(q, k, torch.randn_like(k), used, num_splits=splits, window_size=(100, 0),
-                                 sinks=torch.randn(hq, device="cuda"))
+                                 softcap=20.0 * (splits > 1), sinks=torch.randn(hq, device="cuda"))
     print("sanitize case done: variants, kvcache")
 
 
