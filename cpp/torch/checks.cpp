@@ -6,6 +6,8 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <utility>
+#include <vector>
 
 namespace fa::torch_binding {
 
@@ -44,6 +46,15 @@ bool same_device(const Tensor& a, const Tensor& b) {
          a.get_device_index() == b.get_device_index();
 }
 
+// Whether a and b have the same sizes but for the last (k and v: their head dims may differ).
+bool same_rows(const Tensor& a, const Tensor& b) {
+  if (a.dim() != b.dim()) return false;
+  for (int64_t d = 0; d + 1 < a.dim(); ++d) {
+    if (a.size(d) != b.size(d)) return false;
+  }
+  return true;
+}
+
 bool half_type(ScalarType t) { return t == ScalarType::Half || t == ScalarType::BFloat16; }
 
 // A 4-D (batch, heads, seqlen, head_dim) or, packed for a variable-length batch, a 3-D
@@ -79,17 +90,19 @@ void check_same_kind(const char* op, const char* name, const Tensor& t, const Te
 
 namespace {
 
-// What q, k and v must share in either layout: dtype, device, head_dim (its allowed values), and
-// query heads divisible by key/value heads.
+// What q, k and v must share in either layout: dtype, device, q's and k's head_dim, the allowed
+// values of it and of v's, and query heads divisible by key/value heads.
 void check_heads(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s) {
   check_same_kind(op, "k", k, q);
   check_same_kind(op, "v", v, q);
   const int64_t last = q.dim() - 1;
-  FA_CHECK(k.size(last) == s.head_dim, op, ": k and v must have q's head_dim ", str_of(s.head_dim), ", got ",
+  FA_CHECK(k.size(last) == s.head_dim, op, ": k must have q's head_dim ", str_of(s.head_dim), ", got ",
            str_of(k.size(last)));
-  FA_CHECK(s.head_dim % kHeadDimMultiple == 0 && s.head_dim >= kHeadDimMultiple && s.head_dim <= kMaxHeadDim,
-           op, ": head_dim must be a multiple of ", str_of(kHeadDimMultiple), " between ",
-           str_of(kHeadDimMultiple), " and ", str_of(kMaxHeadDim), ", got ", str_of(s.head_dim));
+  for (const auto& [name, d] : {std::pair<const char*, int64_t>{"head_dim", s.head_dim}, {"v's head_dim", s.head_dim_v}}) {
+    FA_CHECK(d % kHeadDimMultiple == 0 && d >= kHeadDimMultiple && d <= kMaxHeadDim, op, ": ", name,
+             " must be a multiple of ", str_of(kHeadDimMultiple), " between ", str_of(kHeadDimMultiple), " and ",
+             str_of(kMaxHeadDim), ", got ", str_of(d));
+  }
   if (s.heads_kv == 0) {
     FA_CHECK(s.heads_q == 0, op, ": k and v have 0 heads but q has ", str_of(s.heads_q));
   } else {
@@ -121,11 +134,12 @@ AttentionShape check_forward_inputs(const Tensor& q, const Tensor& k, const Tens
   s.heads_q = q.size(1);
   s.seqlen_q = q.size(2);
   s.head_dim = q.size(3);
+  s.head_dim_v = v.size(3);
   s.heads_kv = k.size(1);
   s.seqlen_k = k.size(2);
 
-  FA_CHECK(k.sizes().equals(v.sizes()), op, ": k and v must have the same shape (batch, heads_kv, seqlen_k, ",
-           "head_dim), got k ", shape_of(k), " and v ", shape_of(v));
+  FA_CHECK(same_rows(k, v), op, ": k and v must have the same (batch, heads_kv, seqlen_k) (their head dims ",
+           "may differ), got k ", shape_of(k), " and v ", shape_of(v));
   FA_CHECK(k.size(0) == s.batch, op, ": k and v must have q's batch size ", str_of(s.batch), ", got ",
            str_of(k.size(0)));
   check_heads(op, q, k, v, s);
@@ -138,8 +152,8 @@ VarlenShape check_varlen_inputs(const char* op, const Tensor& q, const Tensor& k
   check_attention_tensor(op, "q", q, true);
   check_attention_tensor(op, "k", k, true);
   check_attention_tensor(op, "v", v, true);
-  FA_CHECK(k.sizes().equals(v.sizes()), op, ": k and v must have the same shape (total_k, heads_kv, ",
-           "head_dim), got k ", shape_of(k), " and v ", shape_of(v));
+  FA_CHECK(same_rows(k, v), op, ": k and v must have the same (total_k, heads_kv) (their head dims may ",
+           "differ), got k ", shape_of(k), " and v ", shape_of(v));
   check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q);
   check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, q);
   FA_CHECK(cu_seqlens_q.size(0) == cu_seqlens_k.size(0), op,
@@ -152,6 +166,7 @@ VarlenShape check_varlen_inputs(const char* op, const Tensor& q, const Tensor& k
   s.batch = cu_seqlens_q.size(0) - 1;
   s.heads_q = q.size(1);
   s.head_dim = q.size(2);
+  s.head_dim_v = v.size(2);
   s.heads_kv = k.size(1);
   s.total_q = q.size(0);
   s.total_k = k.size(0);
@@ -170,13 +185,14 @@ KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const 
   check_attention_tensor(op, "q", q);
   check_attention_tensor(op, "k_cache", k_cache);
   check_attention_tensor(op, "v_cache", v_cache);
-  FA_CHECK(k_cache.sizes().equals(v_cache.sizes()), op, ": k_cache and v_cache must have the same shape, got ",
-           shape_of(k_cache), " and ", shape_of(v_cache));
+  FA_CHECK(same_rows(k_cache, v_cache), op, ": k_cache and v_cache must have the same shape but for their head ",
+           "dims, got ", shape_of(k_cache), " and ", shape_of(v_cache));
   KVCacheShape s;
   s.batch = q.size(0);
   s.heads_q = q.size(1);
   s.seqlen_q = q.size(2);
   s.head_dim = q.size(3);
+  s.head_dim_v = v_cache.size(3);
   const bool paged = page_table.has_value();
   if (paged) {
     const Tensor& pt = *page_table;
@@ -223,16 +239,20 @@ KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const 
 
 namespace {
 
-// dout and out: q's shape, dtype and device.
-void check_dout_and_out(const char* op, const Tensor& dout, const Tensor& q, const Tensor& out, bool packed) {
+// dout and out: the forward's output shape (q's with v's head dim), q's dtype and device.
+void check_dout_and_out(const char* op, const Tensor& dout, const Tensor& q, const Tensor& out, bool packed,
+                        int64_t head_dim_v) {
   check_attention_tensor(op, "dout", dout, packed);
   check_attention_tensor(op, "out", out, packed);
   check_same_kind(op, "dout", dout, q);
   check_same_kind(op, "out", out, q);
-  FA_CHECK(dout.sizes().equals(q.sizes()), op, ": dout must have q's shape ", shape_of(q), ", got ",
-           shape_of(dout));
-  FA_CHECK(out.sizes().equals(q.sizes()), op, ": out must have q's shape ", shape_of(q), ", got ",
-           shape_of(out));
+  std::vector<int64_t> shape(q.sizes().begin(), q.sizes().end());
+  shape.back() = head_dim_v;
+  const IntArrayRef expected(shape);
+  FA_CHECK(dout.sizes().equals(expected), op, ": dout must have the output's shape ", str_of(expected),
+           " (q's, with v's head_dim), got ", shape_of(dout));
+  FA_CHECK(out.sizes().equals(expected), op, ": out must have the output's shape ", str_of(expected),
+           " (q's, with v's head_dim), got ", shape_of(out));
 }
 
 // softmax_lse: float32 on q's device with the shape the forward returned.
@@ -251,7 +271,7 @@ AttentionShape check_backward_inputs(const Tensor& dout, const Tensor& q, const 
                                      const Tensor& v, const Tensor& out, const Tensor& softmax_lse) {
   constexpr const char* op = "fa.backward";
   AttentionShape s = check_forward_inputs(q, k, v);
-  check_dout_and_out(op, dout, q, out, false);
+  check_dout_and_out(op, dout, q, out, false, s.head_dim_v);
   check_lse(op, softmax_lse, q, {s.batch, s.heads_q, s.seqlen_q}, "(batch, heads_q, seqlen_q)");
   return s;
 }
@@ -262,7 +282,7 @@ VarlenShape check_varlen_backward_inputs(const Tensor& dout, const Tensor& q, co
                                          int64_t max_seqlen_q, int64_t max_seqlen_k) {
   constexpr const char* op = "fa.backward_varlen";
   VarlenShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-  check_dout_and_out(op, dout, q, out, true);
+  check_dout_and_out(op, dout, q, out, true, s.head_dim_v);
   check_lse(op, softmax_lse, q, {s.heads_q, s.total_q}, "(heads_q, total_q)");
   return s;
 }

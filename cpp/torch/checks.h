@@ -13,7 +13,8 @@ struct AttentionShape {
   int64_t heads_kv = 0;
   int64_t seqlen_q = 0;
   int64_t seqlen_k = 0;
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;    // q's and k's
+  int64_t head_dim_v = 0;  // v's and the output's: head_dim, or another (DeepSeek's MLA: 192 and 128)
 
   int64_t group_size() const { return heads_kv == 0 ? 1 : heads_q / heads_kv; }
   bool empty() const { return batch == 0 || heads_q == 0 || seqlen_q == 0; }
@@ -37,28 +38,30 @@ inline constexpr int64_t kPageRows = 16;    // page sizes are multiples of this
 inline constexpr int64_t kMaxSplits = 128;
 inline constexpr int64_t kHeadDimMultiple = 8;
 
-// q (B, Hq, Sq, D), k and v (B, Hk, Sk, D): fp16/bf16, one device, stride 1 in the last dim.
+// q (B, Hq, Sq, D), k (B, Hk, Sk, D) and v (B, Hk, Sk, Dv): fp16/bf16, one device, stride 1 in the
+// last dim. Every op takes v's head dim Dv (the output's) apart from q's and k's D; the CUDA kernels
+// need Dv = D for now (cuda_ops.cpp says so).
 AttentionShape check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v);
 
-// The forward's inputs plus dout (q's shape), out (q's shape) and softmax_lse ((B, Hq, Sq) float32).
+// The forward's inputs plus dout and out ((B, Hq, Sq, Dv)) and softmax_lse ((B, Hq, Sq) float32).
 AttentionShape check_backward_inputs(const Tensor& dout, const Tensor& q, const Tensor& k,
                                      const Tensor& v, const Tensor& out, const Tensor& softmax_lse);
 
 // Variable-length batches (op names fa.forward_varlen / fa.backward_varlen): q (total_q, Hq, D),
-// k and v (total_k, Hk, D), cu_seqlens_* int32 (batch + 1) on q's device. Their values are not
+// k (total_k, Hk, D), v (total_k, Hk, Dv), cu_seqlens_* int32 (batch + 1) on q's device. Their values are not
 // read (that would synchronise with the GPU); the CPU implementation checks them.
 VarlenShape check_varlen_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                 int64_t max_seqlen_q, int64_t max_seqlen_k);
 
-// The varlen forward's inputs plus dout and out (q's shape) and softmax_lse ((Hq, total_q) float32).
+// The varlen forward's inputs plus dout and out ((total_q, Hq, Dv)) and softmax_lse ((Hq, total_q) float32).
 VarlenShape check_varlen_backward_inputs(const Tensor& dout, const Tensor& q, const Tensor& k,
                                          const Tensor& v, const Tensor& out, const Tensor& softmax_lse,
                                          const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                          int64_t max_seqlen_q, int64_t max_seqlen_k);
 
-// fa.forward_kvcache: q (B, Hq, Sq, D); k_cache and v_cache (B, Hk, S_cap, D), or with page_table
-// (int32 (B, max_pages)) (num_pages, page_size, Hk, D); cache_seqlens int32 (B,); cache_leftpad
+// fa.forward_kvcache: q (B, Hq, Sq, D); k_cache (B, Hk, S_cap, D) and v_cache (B, Hk, S_cap, Dv), or
+// with page_table (int32 (B, max_pages)) (num_pages, page_size, Hk, D or Dv); cache_seqlens int32 (B,); cache_leftpad
 // int32 (B,), contiguous caches only; num_splits in [0, kMaxSplits]. Index values are not read.
 KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                   const Tensor& cache_seqlens, const std::optional<Tensor>& page_table,

@@ -222,14 +222,14 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
   for (int64_t b = 0; b < batch.size(); ++b) {
     const AttentionShape s = batch.entry(b);
     const int64_t q0 = batch.q_begin(b), k0 = batch.k_begin(b);
-    const int64_t d = s.head_dim, group = s.group_size();
-    std::vector<float> keys(s.seqlen_k * d), values(s.seqlen_k * d);
+    const int64_t d = s.head_dim, dv = s.head_dim_v, group = s.group_size();
+    std::vector<float> keys(s.seqlen_k * d), values(s.seqlen_k * dv);
     for (int64_t hk = 0; hk < s.heads_kv; ++hk) {
       load_rows(k, b, hk, k0, s.seqlen_k, d, keys.data());
-      load_rows(v, b, hk, k0, s.seqlen_k, d, values.data());
+      load_rows(v, b, hk, k0, s.seqlen_k, dv, values.data());
       // The group's query heads stacked as rows: (hq, i) for hq in the group, i < Sq.
       parallel_for(group * s.seqlen_q, [&](int64_t begin, int64_t end) {
-        std::vector<float> query(d), acc(d), scores(s.seqlen_k);
+        std::vector<float> query(d), acc(dv), scores(s.seqlen_k);
         for (int64_t r = begin; r < end; ++r) {
           const int64_t hq = hk * group + r / s.seqlen_q, i = r % s.seqlen_q;
           const KeyRange keys_seen = visible_keys(s, variant, i);
@@ -245,7 +245,7 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
           std::fill(acc.begin(), acc.end(), 0.f);
           T* out_row = out.row(b, hq, q0 + i);
           if (row_max == -kInf) {  // no key and no sink: output 0, lse -inf
-            for (int64_t c = 0; c < d; ++c) out_row[c] = static_cast<T>(0.f);
+            for (int64_t c = 0; c < dv; ++c) out_row[c] = static_cast<T>(0.f);
             *lse.row(b, hq, q0 + i) = -kInf;
             continue;
           }
@@ -253,10 +253,10 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
           for (int64_t j = keys_seen.begin; j < keys_seen.end; ++j) {
             const float p = std::exp(scores[j] - row_max);
             row_sum += p;
-            axpy(p, &values[j * d], acc.data(), d);
+            axpy(p, &values[j * dv], acc.data(), dv);
           }
           const float inv = 1.f / row_sum;
-          for (int64_t c = 0; c < d; ++c) out_row[c] = static_cast<T>(acc[c] * inv);
+          for (int64_t c = 0; c < dv; ++c) out_row[c] = static_cast<T>(acc[c] * inv);
           *lse.row(b, hq, q0 + i) = row_max + std::log(row_sum);
         }
       });
@@ -273,28 +273,28 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
              v = Rows<const T>::attention(v_t, packed), out = Rows<const T>::attention(out_t, packed),
              dout = Rows<const T>::attention(dout_t, packed);
   const auto dq = Rows<T>::attention(g.dq, packed), dk = Rows<T>::attention(g.dk, packed),
-             dv = Rows<T>::attention(g.dv, packed);
+             dv_rows = Rows<T>::attention(g.dv, packed);
   const auto lse_rows = Rows<const float>::lse(lse_t, packed);
 
   for (int64_t b = 0; b < batch.size(); ++b) {
     const AttentionShape s = batch.entry(b);
     const int64_t q0 = batch.q_begin(b), k0 = batch.k_begin(b);
-    const int64_t d = s.head_dim, group = s.group_size(), rows = group * s.seqlen_q;
-    std::vector<float> keys(s.seqlen_k * d), values(s.seqlen_k * d);
-    std::vector<float> queries(rows * d), grads(rows * d), lse(rows), delta(rows);
+    const int64_t d = s.head_dim, dv = s.head_dim_v, group = s.group_size(), rows = group * s.seqlen_q;
+    std::vector<float> keys(s.seqlen_k * d), values(s.seqlen_k * dv);
+    std::vector<float> queries(rows * d), grads(rows * dv), lse(rows), delta(rows);
     for (int64_t hk = 0; hk < s.heads_kv; ++hk) {
       load_rows(k, b, hk, k0, s.seqlen_k, d, keys.data());
-      load_rows(v, b, hk, k0, s.seqlen_k, d, values.data());
+      load_rows(v, b, hk, k0, s.seqlen_k, dv, values.data());
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t hq = hk * group + r / s.seqlen_q, i = q0 + r % s.seqlen_q;
         const T* q_row = q.row(b, hq, i);
         const T* do_row = dout.row(b, hq, i);
         const T* o_row = out.row(b, hq, i);
+        for (int64_t c = 0; c < d; ++c) queries[r * d + c] = static_cast<float>(q_row[c]);
         float row_delta = 0.f;  // delta = rowsum(dO ∘ O) = Σ_j P_ij dP_ij
-        for (int64_t c = 0; c < d; ++c) {
-          queries[r * d + c] = static_cast<float>(q_row[c]);
-          grads[r * d + c] = static_cast<float>(do_row[c]);
-          row_delta += grads[r * d + c] * static_cast<float>(o_row[c]);
+        for (int64_t c = 0; c < dv; ++c) {
+          grads[r * dv + c] = static_cast<float>(do_row[c]);
+          row_delta += grads[r * dv + c] * static_cast<float>(o_row[c]);
         }
         delta[r] = row_delta;
         // A row that saw no key has lse -inf; +inf makes its P exactly 0, so its gradients are 0.
@@ -307,7 +307,7 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
       auto probs = [&](int64_t r, int64_t j, float* ds) {
         float t = 0.f;
         const float p = std::exp(capped_score(dot(&queries[r * d], &keys[j * d], d) * scale, variant, &t) - lse[r]);
-        *ds = p * (dot(&grads[r * d], &values[j * d], d) - delta[r]) * (1.f - t * t);
+        *ds = p * (dot(&grads[r * dv], &values[j * dv], dv) - delta[r]) * (1.f - t * t);
         return p;
       };
       // dQ: parallel over query rows.
@@ -328,7 +328,7 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
       });
       // dK and dV: parallel over keys, summed over the group's query heads.
       parallel_for(s.seqlen_k, [&](int64_t begin, int64_t end) {
-        std::vector<float> dk_acc(d), dv_acc(d);
+        std::vector<float> dk_acc(d), dv_acc(dv);
         for (int64_t j = begin; j < end; ++j) {
           std::fill(dk_acc.begin(), dk_acc.end(), 0.f);
           std::fill(dv_acc.begin(), dv_acc.end(), 0.f);
@@ -336,15 +336,13 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
             if (!visible_keys(s, variant, r % s.seqlen_q).holds(j)) continue;
             float ds;
             const float p = probs(r, j, &ds);
-            axpy(p, &grads[r * d], dv_acc.data(), d);
+            axpy(p, &grads[r * dv], dv_acc.data(), dv);
             axpy(ds, &queries[r * d], dk_acc.data(), d);
           }
           T* dk_row = dk.row(b, hk, k0 + j);
-          T* dv_row = dv.row(b, hk, k0 + j);
-          for (int64_t c = 0; c < d; ++c) {
-            dk_row[c] = static_cast<T>(dk_acc[c] * scale);
-            dv_row[c] = static_cast<T>(dv_acc[c]);
-          }
+          T* dv_row = dv_rows.row(b, hk, k0 + j);
+          for (int64_t c = 0; c < d; ++c) dk_row[c] = static_cast<T>(dk_acc[c] * scale);
+          for (int64_t c = 0; c < dv; ++c) dv_row[c] = static_cast<T>(dv_acc[c]);
         }
       });
     }

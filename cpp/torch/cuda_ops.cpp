@@ -242,6 +242,13 @@ cudaError_t dispatch(ScalarType dtype, const Kernels& kernels, bool causal, cons
   });
 }
 
+// The kernels take one head dim for q, k and v: v's may differ on the CPU path alone for now.
+void check_one_head_dim(const AttentionShape& s, const char* op) {
+  FA_CHECK(s.head_dim_v == s.head_dim, op, ": v's head_dim ", str_of(s.head_dim_v), " differs from q's and k's ",
+           str_of(s.head_dim), "; fa's CUDA kernels take one head dim for q, k and v for now (the CPU path ",
+           "takes both)");
+}
+
 void check_grid_limits(const AttentionShape& s, const char* op) {
   FA_CHECK(s.heads_q <= kMaxGridYZ && s.batch <= kMaxGridYZ, op, ": at most ", str_of(kMaxGridYZ),
            " heads and batch entries are supported, got heads ", str_of(s.heads_q), ", batch ",
@@ -338,6 +345,7 @@ std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, 
                                         int64_t window_right, double softcap, std::optional<Tensor> sinks) {
   constexpr const char* op = "fa.forward";
   const AttentionShape s = check_forward_inputs(q_in, k_in, v_in);
+  check_one_head_dim(s, op);
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
@@ -358,6 +366,7 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor&
   constexpr const char* op = "fa.forward_varlen";
   const VarlenShape s = check_varlen_inputs(op, q_in, k_in, v_in, cu_seqlens_q_in, cu_seqlens_k_in,
                                             max_seqlen_q, max_seqlen_k);
+  check_one_head_dim(s, op);
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
@@ -396,6 +405,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
   constexpr const char* op = "fa.forward_kvcache";
   const KVCacheShape s =
       check_kvcache_inputs(q_in, k_in, v_in, cache_seqlens_in, page_table_in, cache_leftpad_in, num_splits);
+  check_one_head_dim(s, op);
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
@@ -538,6 +548,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
                                                  int64_t window_left, int64_t window_right, double softcap) {
   constexpr const char* op = "fa.backward";
   const AttentionShape s = check_backward_inputs(dout_in, q_in, k_in, v_in, out_in, lse_in);
+  check_one_head_dim(s, op);
   const Variant variant =
       check_variant(op, causal, window_left, window_right, softcap, std::nullopt, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
@@ -562,6 +573,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, c
   constexpr const char* op = "fa.backward_varlen";
   const VarlenShape s = check_varlen_backward_inputs(dout_in, q_in, k_in, v_in, out_in, lse_in, cu_seqlens_q_in,
                                                      cu_seqlens_k_in, max_seqlen_q, max_seqlen_k);
+  check_one_head_dim(s, op);
   const Variant variant =
       check_variant(op, causal, window_left, window_right, softcap, std::nullopt, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);

@@ -7,7 +7,7 @@
 namespace fa::torch_binding {
 
 struct ForwardOutputs {
-  Tensor out;  // q's shape and dtype; dense (see empty_like_attention in outputs.cpp)
+  Tensor out;  // q's shape with v's head dim, q's dtype; dense (see empty_like_attention in outputs.cpp)
   Tensor lse;  // (B, Hq, Sq) float32, contiguous
 };
 
@@ -18,7 +18,7 @@ struct Gradients {
 ForwardOutputs allocate_forward_outputs(const Tensor& q, const AttentionShape& s);
 Gradients allocate_gradients(const Tensor& q, const Tensor& k, const Tensor& v);
 
-// Variable-length batches: out (total_q, Hq, D) and the gradients contiguous whatever the inputs'
+// Variable-length batches: out (total_q, Hq, Dv) and the gradients contiguous whatever the inputs'
 // strides (a slice of a packed (total, 3, H, D) projection gives dense outputs), lse (Hq, total_q).
 ForwardOutputs allocate_varlen_outputs(const Tensor& q, const VarlenShape& s);
 Gradients allocate_varlen_gradients(const Tensor& q, const Tensor& k, const Tensor& v);

@@ -10,8 +10,8 @@ from ._layout import empty_like_attention
 
 
 def _check_shapes(op: str, q, k, v, packed: bool = False) -> None:
-    """The checks the fake kernels can make: ranks, dtypes, and the shapes q, k, v must share.
-    packed: a variable-length batch, (total, heads, head_dim)."""
+    """The checks the fake kernels can make: ranks, dtypes, and the shapes q, k, v must share (v's
+    head dim may differ from q's and k's). packed: a variable-length batch, (total, heads, head_dim)."""
     rank, dims = (3, "(total, heads, head_dim)") if packed else (4, "(batch, heads, seqlen, head_dim)")
     torch._check(
         q.dim() == rank and k.dim() == rank and v.dim() == rank,
@@ -23,10 +23,15 @@ def _check_shapes(op: str, q, k, v, packed: bool = False) -> None:
         lambda: f"{op}: q, k and v must all be float16 or all bfloat16 (or all float32 on the CPU), got "
         f"{q.dtype}, {k.dtype}, {v.dtype}",
     )
-    torch._check(k.shape == v.shape, lambda: f"{op}: k and v must have the same shape")
+    torch._check(k.shape[:-1] == v.shape[:-1], lambda: f"{op}: k and v must have the same shape but for their head dims")
     if not packed:
         torch._check(k.size(0) == q.size(0), lambda: f"{op}: k and v must have q's batch size")
-    torch._check(k.size(-1) == q.size(-1), lambda: f"{op}: k and v must have q's head_dim")
+    torch._check(k.size(-1) == q.size(-1), lambda: f"{op}: k must have q's head_dim")
+
+
+def _output_shape(q, v):
+    """The output's shape: q's with v's head dim."""
+    return (*q.shape[:-1], v.size(-1))
 
 
 def _check_variant(op: str, q, window_left, window_right, softcap, sinks=None, heads_q=None) -> None:
@@ -45,7 +50,7 @@ def _forward_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, win
                   sinks=None):
     _check_shapes("fa.forward", q, k, v)
     _check_variant("fa.forward", q, window_left, window_right, softcap, sinks, q.size(1))
-    out = empty_like_attention(q)
+    out = empty_like_attention(q, head_dim=v.size(-1))
     lse = q.new_empty((q.size(0), q.size(1), q.size(2)), dtype=torch.float32)
     return out, lse
 
@@ -54,7 +59,7 @@ def _forward_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, win
 def _backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, window_left=-1,
                    window_right=-1, softcap=0.0):
     _check_shapes("fa.backward", q, k, v)
-    torch._check(dout.shape == q.shape, lambda: "fa.backward: dout must have q's shape")
+    torch._check(dout.shape == _output_shape(q, v), lambda: "fa.backward: dout must have the output's shape")
     return empty_like_attention(q), empty_like_attention(k), empty_like_attention(v)
 
 
@@ -72,7 +77,7 @@ def _forward_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
                          sinks=None):
     _check_varlen_shapes("fa.forward_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k)
     _check_variant("fa.forward_varlen", q, window_left, window_right, softcap, sinks, q.size(1))
-    return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=torch.float32)
+    return q.new_empty(_output_shape(q, v)), q.new_empty((q.size(1), q.size(0)), dtype=torch.float32)
 
 
 @torch.library.register_fake("fa::backward_varlen")
@@ -80,7 +85,7 @@ def _backward_varlen_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seql
                           max_seqlen_k, softmax_scale=None, causal=False, window_left=-1, window_right=-1,
                           softcap=0.0):
     _check_varlen_shapes("fa.backward_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k)
-    torch._check(dout.shape == q.shape, lambda: "fa.backward_varlen: dout must have q's shape")
+    torch._check(dout.shape == _output_shape(q, v), lambda: "fa.backward_varlen: dout must have the output's shape")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -95,7 +100,7 @@ def _forward_kvcache_fake(q, k_cache, v_cache, cache_seqlens, page_table=None, s
     if cache_leftpad is not None:
         torch._check(page_table is None, lambda: "fa.forward_kvcache: cache_leftpad is for contiguous caches")
         torch._check(cache_leftpad.dtype == torch.int32, lambda: "fa.forward_kvcache: cache_leftpad must be int32")
-    out = empty_like_attention(q)
+    out = empty_like_attention(q, head_dim=v_cache.size(-1))
     lse = q.new_empty((q.size(0), q.size(1), q.size(2)), dtype=torch.float32)
     return out, lse
 

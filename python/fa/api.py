@@ -70,7 +70,8 @@ def attention(
             multi-query attention: query head ``h`` reads kv head ``h // (Hq // Hk)``, no copy).
             The last dimension must have stride 1; other strides are free, so a ``(B, S, H, D)``
             tensor seen through ``.transpose(1, 2)`` is used as it is. ``D``: a multiple of 8, at
-            most 256.
+            most 256. v may have another head dim ``Dv`` (same rule; DeepSeek's 192 / 128), which
+            the output takes: on the CPU for now (the CUDA kernels raise).
         causal: query ``i`` sees key ``j`` iff ``j <= i + (Sk - Sq)`` (bottom-right aligned, as in
             FlashAttention >= 2.1). When ``Sq == Sk`` this is the usual lower triangle. It differs
             from SDPA's ``is_causal`` (top-left aligned) when ``Sq != Sk``. A row that sees no key
@@ -91,7 +92,7 @@ def attention(
         return_lse: also return the log-sum-exp of each row's scaled scores.
 
     Returns:
-        ``out`` with q's shape and dtype, or ``(out, lse)`` with ``lse`` of shape ``(B, Hq, Sq)``,
+        ``out`` with q's shape (and v's head dim) and dtype, or ``(out, lse)`` with ``lse`` of shape ``(B, Hq, Sq)``,
         float32, natural log (``-inf`` for a row that sees no key). ``lse`` is not differentiable.
     """
     args = (q, k, v, scale, causal, *_window(window_size), float(softcap), sinks)
@@ -124,7 +125,7 @@ def attention_varlen(
     Args:
         q: ``(total_q, Hq, D)``: the queries of all sequences, one after another.
         k, v: ``(total_k, Hk, D)``, q's dtype and device, ``Hq % Hk == 0`` (GQA as in
-            :func:`attention`). The last dimension must have stride 1; other strides are free, so a
+            :func:`attention`); v's head dim may differ, as there. The last dimension must have stride 1; other strides are free, so a
             slice ``qkv[:, 0]`` of a packed ``(total, 3, H, D)`` projection is used without a copy.
         cu_seqlens_q, cu_seqlens_k: int32 ``(B + 1,)`` on q's device: 0, then the end of each
             sequence's rows (non-decreasing; zero-length sequences are allowed). Sequence ``b``'s
@@ -142,7 +143,7 @@ def attention_varlen(
     CPU implementation checks the offsets and raises on a violation.
 
     Returns:
-        ``out`` ``(total_q, Hq, D)`` (contiguous), or ``(out, lse)``.
+        ``out`` ``(total_q, Hq, Dv)`` (contiguous), or ``(out, lse)``.
     """
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
             *_window(window_size), float(softcap), sinks)
@@ -177,7 +178,8 @@ def attention_kvcache(
             speculative decoding).
         k_cache, v_cache: ``(B, Hk, S_cap, D)``, or with ``page_table`` ``(num_pages, page_size,
             Hk, D)`` (vLLM's and flash-attn's paged layout; page_size a multiple of 16). Any
-            strides with the last one 1. ``Hq % Hk == 0``.
+            strides with the last one 1. ``Hq % Hk == 0``; v_cache's head dim may differ, as in
+            :func:`attention`.
         cache_seqlens: int32 ``(B,)``: batch ``b`` attends to its first ``cache_seqlens[b]`` keys.
         page_table: int32 ``(B, max_pages)``: key ``t`` of batch ``b`` lies in page
             ``page_table[b, t // page_size]``, row ``t % page_size``.
@@ -197,7 +199,7 @@ def attention_kvcache(
     faults. The CPU implementation checks them.
 
     Returns:
-        ``out`` with q's shape, or ``(out, lse)`` with ``lse`` ``(B, Hq, Sq)`` float32.
+        ``out`` with q's shape (and v's head dim), or ``(out, lse)`` with ``lse`` ``(B, Hq, Sq)`` float32.
     """
     out, lse = torch.ops.fa.forward_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, scale, causal, num_splits,
                                             *_window(window_size), float(softcap), sinks, cache_leftpad)

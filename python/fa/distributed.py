@@ -214,7 +214,7 @@ class _RingAttention(torch.autograd.Function):
         nq, dim = len(q_chunks), rows.dim
         size = q.shape[dim] // nq
         ring = _Ring(group)
-        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float32, device=q.device)  # v's head dim
         lse = torch.full(rows.lse_shape(q), float("-inf"), dtype=torch.float32, device=q.device)
         kv = [k, v]
         for step in range(world):

@@ -1,0 +1,163 @@
+"""A head dim of v (Dv) apart from q's and k's (D): DeepSeek's MLA prefill and training use D = 192,
+Dv = 128. The output takes Dv. The CPU path computes it (the reference for the kernels to come); the
+CUDA ops raise a clear error until their kernels take it."""
+
+import pytest
+import torch
+
+import fa
+from helpers import assert_within_lowp_error, variant_attention
+from test_variants import run_and_grads
+
+
+def qkv(b, hq, hk, sq, sk, d, dv, dtype, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype).to(device)  # noqa: E731
+    return make(b, hq, sq, d), make(b, hk, sk, d), make(b, hk, sk, dv)
+
+
+def raises_on_cuda(device):
+    return pytest.raises(RuntimeError, match="fa's CUDA kernels take one head dim for q, k and v") \
+        if device != "cpu" else None
+
+
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, 0)), (True, (40, 0))],
+                         ids=["full", "causal", "window"])
+@pytest.mark.parametrize("shape", [(1, 4, 2, 70, 70, 192, 128), (2, 2, 1, 33, 90, 64, 128)],
+                         ids=["deepseek-gqa", "dv>d-sq<sk"])
+def test_forward_and_gradients(device, shape, causal, window):
+    b, hq, hk, sq, sk, d, dv = shape
+    q, k, v = qkv(b, hq, hk, sq, sk, d, dv, torch.bfloat16, device)
+    if device != "cpu":
+        with raises_on_cuda(device):
+            fa.attention(q, k, v, causal=causal, window_size=window)
+        return
+    out, lse = fa.attention(q, k, v, causal=causal, window_size=window, return_lse=True)
+    assert out.shape == (b, hq, sq, dv)
+    ref_out, ref_lse = variant_attention(q, k, v, causal, window)
+    lowp_out, _ = variant_attention(q, k, v, causal, window, dtype=q.dtype)
+    assert_within_lowp_error("out", out, ref_out, lowp_out)
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-3
+    dout = torch.randn(b, hq, sq, dv, dtype=q.dtype)
+    got = run_and_grads(lambda a, c, e: fa.attention(a, c, e, causal=causal, window_size=window), (q, k, v), dout)
+    ref = run_and_grads(lambda a, c, e: variant_attention(a, c, e, causal, window)[0], (q, k, v), dout)
+    lowp = run_and_grads(lambda a, c, e: variant_attention(a, c, e, causal, window, dtype=q.dtype)[0], (q, k, v),
+                         dout)
+    for name, g, r, lp in zip(("out", "dq", "dk", "dv"), got, ref, lowp):
+        assert g.shape == r.shape, name
+        assert_within_lowp_error(name, g, r, lp)
+
+
+def test_output_layout_follows_q():
+    # q seen through .transpose(1, 2) of a (B, S, H, D) tensor: out is (B, S, H, Dv) underneath.
+    q = torch.randn(1, 50, 4, 192, dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(1, 4, 50, 192, dtype=torch.bfloat16)
+    v = torch.randn(1, 4, 50, 128, dtype=torch.bfloat16)
+    out = fa.attention(q, k, v)
+    assert out.shape == (1, 4, 50, 128) and out.transpose(1, 2).is_contiguous()
+
+
+def test_varlen(device):
+    lens_q, lens_k = [1, 40, 0, 67], [5, 40, 3, 90]
+    hq, hk, d, dv = 4, 2, 192, 128
+    gen = torch.Generator().manual_seed(1)
+    make = lambda *shape: torch.randn(*shape, generator=gen).to(torch.bfloat16).to(device)  # noqa: E731
+    qs = [make(n, hq, d) for n in lens_q]
+    ks = [make(n, hk, d) for n in lens_k]
+    vs = [make(n, hk, dv) for n in lens_k]
+    q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
+    cu_q = torch.tensor([0, 1, 41, 41, 108], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 5, 45, 48, 138], dtype=torch.int32, device=device)
+    if device != "cpu":
+        with raises_on_cuda(device):
+            fa.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+        return
+    q.requires_grad_()
+    k.requires_grad_()
+    v.requires_grad_()
+    out = fa.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+    assert out.shape == (sum(lens_q), hq, dv)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    for i in range(len(lens_q)):
+        rq, rk = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        sub = [t[r].detach().transpose(0, 1).unsqueeze(0) for t, r in ((q, rq), (k, rk), (v, rk))]
+        go = dout[rq].transpose(0, 1).unsqueeze(0)
+        ref = run_and_grads(lambda a, c, e: variant_attention(a, c, e, True)[0], sub, go)
+        lowp = run_and_grads(lambda a, c, e: variant_attention(a, c, e, True, dtype=q.dtype)[0], sub, go)
+        got = [out[rq], q.grad[rq], k.grad[rk], v.grad[rk]]
+        for name, g, r, lp in zip(("out", "dq", "dk", "dv"), got, ref, lowp):
+            assert_within_lowp_error(f"{name}[{i}]", g.transpose(0, 1).unsqueeze(0), r, lp)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_kvcache(device, paged):
+    b, hq, hk, sq, d, dv, capacity = 3, 4, 2, 2, 192, 128, 64
+    used = [0, 17, 64]
+    gen = torch.Generator().manual_seed(2)
+    make = lambda *shape: torch.randn(*shape, generator=gen).to(torch.float16).to(device)  # noqa: E731
+    q = make(b, hq, sq, d)
+    keys = [make(1, hk, n, d) for n in used]
+    values = [make(1, hk, n, dv) for n in used]
+    seqlens = torch.tensor(used, dtype=torch.int32, device=device)
+    k_cache = torch.zeros(b, hk, capacity, d, dtype=q.dtype, device=device)
+    v_cache = torch.zeros(b, hk, capacity, dv, dtype=q.dtype, device=device)
+    for i, n in enumerate(used):
+        k_cache[i, :, :n], v_cache[i, :, :n] = keys[i][0], values[i][0]
+    page_table = None
+    if paged:  # pages of 16 rows, entry i's pages in reverse order
+        pages = capacity // 16
+        page_table = torch.tensor([[i * pages + pages - 1 - p for p in range(pages)] for i in range(b)],
+                                  dtype=torch.int32, device=device)
+        k_paged = torch.empty(b * pages, 16, hk, d, dtype=q.dtype, device=device)
+        v_paged = torch.empty(b * pages, 16, hk, dv, dtype=q.dtype, device=device)
+        for i in range(b):
+            for p in range(pages):
+                k_paged[page_table[i, p]] = k_cache[i, :, p * 16:(p + 1) * 16].transpose(0, 1)
+                v_paged[page_table[i, p]] = v_cache[i, :, p * 16:(p + 1) * 16].transpose(0, 1)
+        k_cache, v_cache = k_paged, v_paged
+    if device != "cpu":
+        with raises_on_cuda(device):
+            fa.attention_kvcache(q, k_cache, v_cache, seqlens, page_table)
+        return
+    out = fa.attention_kvcache(q, k_cache, v_cache, seqlens, page_table, window_size=(10, 0))
+    assert out.shape == (b, hq, sq, dv)
+    for i in range(b):
+        ref, _ = variant_attention(q[i:i + 1], keys[i], values[i], True, (10, 0))
+        lowp, _ = variant_attention(q[i:i + 1], keys[i], values[i], True, (10, 0), dtype=q.dtype)
+        assert_within_lowp_error(f"out[{i}]", out[i:i + 1], ref, lowp)
+
+
+@pytest.mark.parametrize("shapes,match", [
+    (((1, 2, 8, 64), (1, 2, 8, 32), (1, 2, 8, 64)), "k must have q's head_dim 64, got 32"),
+    (((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 100)), "v's head_dim must be a multiple of 8"),
+    (((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 9, 128)), "k and v must have the same \\(batch, heads_kv, seqlen_k\\)"),
+], ids=["k-head-dim", "v-head-dim", "v-rows"])
+def test_bad_shapes(device, shapes, match):
+    q, k, v = (torch.randn(*s, dtype=torch.float16, device=device) for s in shapes)
+    with pytest.raises(RuntimeError, match=match):
+        fa.attention(q, k, v)
+
+
+def test_backward_op_checks_dout_shape():
+    q, k = torch.randn(1, 2, 8, 64, dtype=torch.float16), torch.randn(1, 2, 8, 64, dtype=torch.float16)
+    v = torch.randn(1, 2, 8, 32, dtype=torch.float16)
+    out, lse = torch.ops.fa.forward(q, k, v)
+    with pytest.raises(RuntimeError, match="dout must have the output's shape \\[1, 2, 8, 32\\]"):
+        torch.ops.fa.backward(torch.randn_like(q), q, k, v, out, lse)
+
+
+def test_opcheck_and_compile():
+    q, k, v = qkv(1, 2, 2, 24, 40, 192, 128, torch.bfloat16, "cpu")
+    torch.library.opcheck(torch.ops.fa.forward.default, (q, k, v, None, True))
+    out, lse = torch.ops.fa.forward.default(q, k, v, None, True)
+    torch.library.opcheck(torch.ops.fa.backward.default, (torch.randn_like(out), q, k, v, out, lse, None, True))
+
+    @torch.compile(fullgraph=True)
+    def step(q, k, v):
+        return fa.attention(q, k, v, causal=True).float().square().sum()
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    step(*leaves).backward()
+    assert leaves[2].grad.shape == v.shape and leaves[0].grad.shape == q.shape
