@@ -271,27 +271,22 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if constexpr (kSoftcap) softcap_scores(acc_s, params.softcap_scale);
     if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) mask.apply(acc_s, tScS, row_begin, key_begin);
     Tensor probs = rowcol_view(acc_s);
+    // Soft-capped: P into rP as it goes, and P · (1 - t²) into probs, so that dS is the raw score's
+    // gradient (common/softcap.h).
     Tensor rP = make_tensor<Element>(acc_s.layout());
-    if constexpr (kSoftcap) {
-      // P into rP, and P · (1 - t²) into probs: dS is then the raw score's gradient (common/softcap.h).
-      Tensor p_rows = rowcol_view(rP);
+    Tensor p_rows = rowcol_view(rP);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
       CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(probs); ++c) {
+      for (int c = 0; c < size<1>(probs); ++c) {
+        if constexpr (kSoftcap) {
           probs(r, c) = capped_probability(probs(r, c), params.scale_log2, lse_log2[r], p_rows(r, c));
-        }
-      }
-    } else {
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(probs); ++c) {
+        } else {
           probs(r, c) = exp2f(probs(r, c) * params.scale_log2 - lse_log2[r]);
         }
       }
-      rP = convert_fragment<Element>(acc_s);
     }
+    if constexpr (!kSoftcap) rP = convert_fragment<Element>(acc_s);
     copy(store_pds, thr_store_pds.retile_S(rP), tPsP);
 
     // dS = P ∘ (dO Vᵀ - delta).

@@ -215,28 +215,23 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
         mask.apply_transposed(acc_s, tScS, row_begin, key_begin);
       }
       auto probs = rowcol_view(acc_s);
+      // Soft-capped: Pᵀ into rP as it goes, and Pᵀ · (1 - t²) into probs, so that dS is the raw
+      // score's gradient (common/softcap.h).
       Tensor rP = make_tensor<Element>(acc_s.layout());
-      if constexpr (kSoftcap) {
-        // Pᵀ into rP, and Pᵀ · (1 - t²) into probs: dS is then the raw score's gradient
-        // (common/softcap.h).
-        Tensor p_rows = rowcol_view(rP);
+      Tensor p_rows = rowcol_view(rP);
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(probs); ++c) {
         CUTE_UNROLL
-        for (int c = 0; c < size<1>(probs); ++c) {
-          CUTE_UNROLL
-          for (int r = 0; r < size<0>(probs); ++r) {
-            probs(r, c) = capped_probability(probs(r, c), p.scale_log2, column(row_lse, lse_log2, c), p_rows(r, c));
+        for (int r = 0; r < size<0>(probs); ++r) {
+          const float lse = column(row_lse, lse_log2, c);
+          if constexpr (kSoftcap) {
+            probs(r, c) = capped_probability(probs(r, c), p.scale_log2, lse, p_rows(r, c));
+          } else {
+            probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - lse);
           }
         }
-      } else {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(probs); ++c) {
-          CUTE_UNROLL
-          for (int r = 0; r < size<0>(probs); ++r) {
-            probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - column(row_lse, lse_log2, c));
-          }
-        }
-        rP = convert_fragment<Element>(acc_s);
       }
+      if constexpr (!kSoftcap) rP = convert_fragment<Element>(acc_s);
       if constexpr (kRowsEarly) read_columns(delta, row_delta);
 
       // dSᵀ = Pᵀ ∘ (dPᵀ - delta).

@@ -178,26 +178,22 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       if (mask.tile_needs_mask(row_begin, kBlockM, key_begin, kBlockN)) {
         mask.apply_rows(probs, score_coords, row_begin, key_begin);
       }
+      // Soft-capped: P into rP as it goes, and P · (1 - t²) into probs, so that dS is the raw
+      // score's gradient (common/softcap.h).
       Tensor rP = make_tensor<Element>(acc_s.layout());
-      if constexpr (kSoftcap) {
-        // P into rP, and P · (1 - t²) into probs: dS is then the raw score's gradient
-        // (common/softcap.h).
-        Tensor p_rows = rowcol_view(rP);
+      Tensor p_rows = rowcol_view(rP);
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(probs); ++r) {
         CUTE_UNROLL
-        for (int r = 0; r < size<0>(probs); ++r) {
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(probs); ++c) {
+        for (int c = 0; c < size<1>(probs); ++c) {
+          if constexpr (kSoftcap) {
             probs(r, c) = capped_probability(probs(r, c), p.scale_log2, row_lse[r], p_rows(r, c));
+          } else {
+            probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - row_lse[r]);
           }
         }
-      } else {
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(probs); ++r) {
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(probs); ++c) probs(r, c) = exp2f(probs(r, c) * p.scale_log2 - row_lse[r]);
-        }
-        rP = convert_fragment<Element>(acc_s);
       }
+      if constexpr (!kSoftcap) rP = convert_fragment<Element>(acc_s);
       // dS = P ∘ (dP - delta).
       gemm_wait<0>(acc_dp);
       auto dscores = rowcol_view(acc_dp);

@@ -6,7 +6,6 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
-#include <utility>
 #include <vector>
 
 namespace fa::torch_binding {
@@ -98,11 +97,13 @@ void check_heads(const char* op, const Tensor& q, const Tensor& k, const Tensor&
   const int64_t last = q.dim() - 1;
   FA_CHECK(k.size(last) == s.head_dim, op, ": k must have q's head_dim ", str_of(s.head_dim), ", got ",
            str_of(k.size(last)));
-  for (const auto& [name, d] : {std::pair<const char*, int64_t>{"head_dim", s.head_dim}, {"v's head_dim", s.head_dim_v}}) {
+  auto check_head_dim = [&](const char* name, int64_t d) {
     FA_CHECK(d % kHeadDimMultiple == 0 && d >= kHeadDimMultiple && d <= kMaxHeadDim, op, ": ", name,
              " must be a multiple of ", str_of(kHeadDimMultiple), " between ", str_of(kHeadDimMultiple), " and ",
              str_of(kMaxHeadDim), ", got ", str_of(d));
-  }
+  };
+  check_head_dim("head_dim", s.head_dim);
+  check_head_dim("v's head_dim", s.head_dim_v);
   if (s.heads_kv == 0) {
     FA_CHECK(s.heads_q == 0, op, ": k and v have 0 heads but q has ", str_of(s.heads_q));
   } else {

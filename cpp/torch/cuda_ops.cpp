@@ -193,11 +193,12 @@ Kernels backward_kernels(const std::string& arch, int64_t head_dim, bool softcap
 // where kSoftcap).
 template <Family kFamily, Direction kDirection, bool kSoftcap>
 constexpr bool built(int head_dim) {
-  if constexpr (kSoftcap && kFamily == Family::kSm80) return build_config::listed(build_config::kSm80SoftcapHeadDims, head_dim);
-  if constexpr (kSoftcap) return build_config::listed(build_config::kSm90SoftcapHeadDims, head_dim);
-  if constexpr (kFamily == Family::kSm80) return build_config::has_head_dim(head_dim);
-  if constexpr (kDirection == Direction::kForward) return build_config::has_sm90_head_dim(head_dim);
-  return build_config::has_sm90_backward_head_dim(head_dim);
+  using namespace build_config;
+  if constexpr (kSoftcap && kFamily == Family::kSm80) return listed(kSm80SoftcapHeadDims, head_dim);
+  if constexpr (kSoftcap) return listed(kSm90SoftcapHeadDims, head_dim);
+  if constexpr (kFamily == Family::kSm80) return has_head_dim(head_dim);
+  if constexpr (kDirection == Direction::kForward) return has_sm90_head_dim(head_dim);
+  return has_sm90_backward_head_dim(head_dim);
 }
 
 // Calls fn(ElementTag{}, integral_constant<head dim>{}) for the runtime choice. Only the
@@ -238,7 +239,8 @@ cudaError_t dispatch(ScalarType dtype, const Kernels& kernels, bool causal, cons
     });
   }
   return dispatch<kFamily, kDirection>(dtype, kernels.head_dim, op, [&](auto tag, auto hd) -> cudaError_t {
-    return causal ? fn(tag, hd, std::true_type{}, std::false_type{}) : fn(tag, hd, std::false_type{}, std::false_type{});
+    if (causal) return fn(tag, hd, std::true_type{}, std::false_type{});
+    return fn(tag, hd, std::false_type{}, std::false_type{});
   });
 }
 

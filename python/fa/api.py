@@ -92,8 +92,9 @@ def attention(
         return_lse: also return the log-sum-exp of each row's scaled scores.
 
     Returns:
-        ``out`` with q's shape (and v's head dim) and dtype, or ``(out, lse)`` with ``lse`` of shape ``(B, Hq, Sq)``,
-        float32, natural log (``-inf`` for a row that sees no key). ``lse`` is not differentiable.
+        ``out`` with q's shape (and v's head dim) and dtype, or ``(out, lse)`` with ``lse`` of
+        shape ``(B, Hq, Sq)``, float32, natural log (``-inf`` for a row that sees no key). ``lse``
+        is not differentiable.
     """
     args = (q, k, v, scale, causal, *_window(window_size), float(softcap), sinks)
     if _needs_grad(q, k, v, sinks):
@@ -125,8 +126,9 @@ def attention_varlen(
     Args:
         q: ``(total_q, Hq, D)``: the queries of all sequences, one after another.
         k, v: ``(total_k, Hk, D)``, q's dtype and device, ``Hq % Hk == 0`` (GQA as in
-            :func:`attention`); v's head dim may differ, as there. The last dimension must have stride 1; other strides are free, so a
-            slice ``qkv[:, 0]`` of a packed ``(total, 3, H, D)`` projection is used without a copy.
+            :func:`attention`); v's head dim may differ, as there. The last dimension must have
+            stride 1; other strides are free, so a slice ``qkv[:, 0]`` of a packed
+            ``(total, 3, H, D)`` projection is used without a copy.
         cu_seqlens_q, cu_seqlens_k: int32 ``(B + 1,)`` on q's device: 0, then the end of each
             sequence's rows (non-decreasing; zero-length sequences are allowed). Sequence ``b``'s
             queries (rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``) see only its own keys.
@@ -199,7 +201,8 @@ def attention_kvcache(
     faults. The CPU implementation checks them.
 
     Returns:
-        ``out`` with q's shape (and v's head dim), or ``(out, lse)`` with ``lse`` ``(B, Hq, Sq)`` float32.
+        ``out`` with q's shape (and v's head dim), or ``(out, lse)`` with ``lse`` ``(B, Hq, Sq)``
+        float32.
     """
     out, lse = torch.ops.fa.forward_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, scale, causal, num_splits,
                                             *_window(window_size), float(softcap), sinks, cache_leftpad)
