@@ -85,7 +85,8 @@ def parse_args(argv=None):
         args.suite = "full" if (args.shapes or args.sweep) else "quick"
     if args.shapes is None:
         args.shapes = dense_suite.DEFAULT_SHAPES
-    known, default = {"varlen": (varlen_suite.VARLEN_IMPLS,) * 2, "decode": (decode_suite.DECODE_IMPLS,) * 2,
+    known, default = {"varlen": (varlen_suite.VARLEN_IMPLS + varlen_suite.DETERMINISTIC_IMPLS,
+                                 varlen_suite.VARLEN_IMPLS), "decode": (decode_suite.DECODE_IMPLS,) * 2,
                       "quick": (dense_suite.ALL_IMPLS, dense_suite.QUICK_IMPLS),
                       "variants": (variants_suite.VARIANT_IMPLS,) * 2}.get(
         args.suite, (dense_suite.ALL_IMPLS, dense_suite.DEFAULT_IMPLS))

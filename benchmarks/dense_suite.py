@@ -36,7 +36,7 @@ SWEEP_SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
 SWEEP_HEAD_DIMS = [64, 128, 256]
 SWEEP_TOKENS = 16384  # batch · seqlen held fixed across a sweep
 SWEEP_WIDTH = 2048  # heads · head_dim held fixed across a sweep
-ALL_IMPLS = ["fa", "fa-sm90", "fa-sm80", "fa3", "flash", "cudnn", "efficient", "math", "naive"]
+ALL_IMPLS = ["fa", "fa-sm90", "fa-sm80", "fa3", "fa3-det", "flash", "cudnn", "efficient", "math", "naive"]
 DEFAULT_IMPLS = ["fa-sm90", "fa-sm80", "fa3", "flash", "cudnn", "efficient", "math", "naive"]
 
 
@@ -93,13 +93,17 @@ def make_impl(name: str) -> Callable:
         import fa
 
         return lambda q, k, v, causal: fa.attention(q, k, v, causal=causal)
-    if name == "fa3":
+    if name in ("fa3", "fa3-det"):
         # FlashAttention-3 (Dao-AILab/flash-attention, hopper/), when its module imports. It takes
-        # (B, S, H, D): transposed views of the (B, H, S, D) inputs, no copies.
+        # (B, S, H, D): transposed views of the (B, H, S, D) inputs, no copies. fa3-det: its
+        # deterministic backward (fa's: fa:FA_DETERMINISTIC=1).
         from flash_attn_interface import flash_attn_func
 
+        deterministic = name == "fa3-det"
+
         def run_fa3(q, k, v, causal):
-            out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+            out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                                  deterministic=deterministic)
             return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
 
         return run_fa3

@@ -10,6 +10,7 @@ Implementations:
 - fa-varlen: fa.attention_varlen (the default dispatch);
 - fa3-varlen: FlashAttention-3's flash_attn_varlen_func, when flash_attn_interface imports and
   has it (../shared/peers/fa3-serving on PYTHONPATH);
+- fa-varlen-det, fa3-varlen-det: the same with deterministic=True (their deterministic backwards);
 - sdpa-nested: F.scaled_dot_product_attention on nested (jagged) tensors, what PyTorch users do;
 - fa-dense: fa.attention on the rectangular (4, 16, 4096, 128) in the same run, the rate the
   varlen rows are compared with (useful work of the same kind: causal or not, fwd or bwd).
@@ -30,6 +31,7 @@ VARLEN_HEADS = 16
 VARLEN_HEAD_DIM = 128
 DENSE_SHAPE = (4, 16, 4096, 128)
 VARLEN_IMPLS = ["fa-varlen", "fa3-varlen", "sdpa-nested", "fa-dense"]
+DETERMINISTIC_IMPLS = ["fa-varlen-det", "fa3-varlen-det"]  # asked for by name (--impl)
 
 
 def varlen_lengths(count=VARLEN_SEQUENCES, low=VARLEN_MIN, high=VARLEN_MAX, seed=0) -> List[int]:
@@ -54,15 +56,18 @@ def packed_inputs(lengths, heads, head_dim, dtype, requires_grad, device="cuda")
 
 def make_varlen_impl(name: str, cu: torch.Tensor, max_len: int) -> Callable:
     """fn(q, k, v, causal) -> packed (total, H, D) output, for one packed batch."""
-    if name == "fa-varlen":
+    deterministic = name.endswith("-det")
+    if name in ("fa-varlen", "fa-varlen-det"):
         import fa
 
-        return lambda q, k, v, causal: fa.attention_varlen(q, k, v, cu, cu, max_len, max_len, causal=causal)
-    if name == "fa3-varlen":
+        return lambda q, k, v, causal: fa.attention_varlen(q, k, v, cu, cu, max_len, max_len, causal=causal,
+                                                           deterministic=deterministic)
+    if name in ("fa3-varlen", "fa3-varlen-det"):
         from flash_attn_interface import flash_attn_varlen_func
 
         def run_fa3(q, k, v, causal):
-            out = flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal)
+            out = flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal,
+                                         deterministic=deterministic)
             return out[0] if isinstance(out, tuple) else out
 
         return run_fa3
@@ -111,11 +116,12 @@ def run_varlen_suite(dtypes: Sequence[str], causal_values, modes, impls: Optiona
                             row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
                     case_rows.append(row)
                 ref_name = next((r for r in ("sdpa-nested", "fa3-varlen") if r in outputs), None)
-                if "fa-varlen" in outputs and ref_name is not None:
-                    err = relative_mismatch(outputs["fa-varlen"], outputs[ref_name])
-                    if not err <= MISMATCH_TOLERANCE[mode]:
-                        mismatches.append(f"varlen {dtype_name} causal={causal} {mode}: fa-varlen differs from "
-                                          f"{ref_name} by {err:.2e}")
+                for fa_impl in ("fa-varlen", "fa-varlen-det"):
+                    if fa_impl in outputs and ref_name is not None:
+                        err = relative_mismatch(outputs[fa_impl], outputs[ref_name])
+                        if not err <= MISMATCH_TOLERANCE[mode]:
+                            mismatches.append(f"varlen {dtype_name} causal={causal} {mode}: {fa_impl} differs from "
+                                              f"{ref_name} by {err:.2e}")
                 dense = next((r for r in case_rows if r["impl"] == "fa-dense" and r["tflops"]), None)
                 for r in case_rows:
                     r["vs_fa_dense"] = r["tflops"] / dense["tflops"] if r["tflops"] and dense else None

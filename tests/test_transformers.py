@@ -196,6 +196,32 @@ def test_training_step(device, model_name):
         assert e <= 1.5 * e_peer + 1e-5 * size, f"{n}: error {e:.3e}, 1.5x the peer's {e_peer:.3e} allowed"
 
 
+@pytest.mark.parametrize("how", ["env", "kwarg"])
+def test_deterministic_training(device, how, monkeypatch):
+    """transformers' FLASH_ATTENTION_DETERMINISTIC=1 (or a deterministic=True keyword reaching the
+    attention) makes fa's backward deterministic: two training steps give the same gradients, bit
+    for bit, and every backward op call was asked to be deterministic."""
+    skip_without_kernels(device)
+    from test_deterministic import _BackwardFlags
+
+    model = variant(base_model("qwen2").train(), "fa", dtype_of(device), device)
+    ids, mask = ids_and_mask(2, 19, pads=[(0, 3), (0, 0)])
+    kwargs = {}
+    if how == "env":
+        monkeypatch.setenv("FLASH_ATTENTION_DETERMINISTIC", "1")
+    else:
+        kwargs["deterministic"] = True
+    runs = []
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        with _BackwardFlags() as mode:
+            model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=ids.to(device),
+                  **kwargs).loss.backward()
+        assert mode.flags and all(mode.flags), mode.flags
+        runs.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
 def test_dropout_in_training_is_an_error(device):
     skip_without_kernels(device)
     model = base_model("llama")

@@ -221,15 +221,19 @@ cudaError_t launch_backward_preprocess(const BackwardParams& p, cudaStream_t str
   return cudaGetLastError();
 }
 
-template <class Element, int kHeadDim, bool kSwizzle>
+// kTileRows: the main kernel's query tile, whose first claim (BackwardParams::dq_claims, where
+// set) says whether any key tile wrote its rows.
+template <class Element, int kHeadDim, bool kSwizzle, int kTileRows>
 __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
     backward_convert_dq_kernel(const __grid_constant__ BackwardParams p) {
+  static_assert(kTileRows % kDqClaimRows == 0);
   using Shape = RowPassShape<kHeadDim>;
   const int head = blockIdx.y, batch = blockIdx.z;
   const Sequence seq = Sequence::of(p, batch);
   const int col = (threadIdx.x % Shape::kThreadsPerRow) * Shape::kVector;
   if (col >= p.head_dim || blockIdx.x * Shape::kRowsPerBlock >= seq.seqlen_q) return;
-  const float* accum = p.dq_accum + seq.workspace_row(p, batch, head) * p.head_dim_rounded;
+  const int64_t first_row = seq.workspace_row(p, batch, head);
+  const float* accum = p.dq_accum + first_row * p.head_dim_rounded;
   auto* dq = static_cast<Element*>(p.dq) + seq.q_offset(p.dq_stride, batch, head);
   cutlass::NumericArrayConverter<Element, float, Shape::kVector> convert;
   for (int pass = 0; pass < Shape::kPasses; ++pass) {
@@ -238,6 +242,10 @@ __global__ void __launch_bounds__(RowPassShape<kHeadDim>::kThreads)
     if (row >= seq.seqlen_q) break;
     cutlass::Array<float, Shape::kVector> values = *reinterpret_cast<const cutlass::Array<float, Shape::kVector>*>(
         accum + int64_t(row) * p.head_dim_rounded + dq_workspace_col<kHeadDim, kSwizzle>(row, col));
+    // With claims, a tile no key tile wrote (its rows see no key) holds no zeros.
+    if (p.dq_claims != nullptr && p.dq_claims[(first_row + row / kTileRows * kTileRows) / kDqClaimRows] == kUnclaimed) {
+      values.clear();
+    }
     for (int i = 0; i < Shape::kVector; ++i) values[i] *= p.scale;
     *reinterpret_cast<cutlass::Array<Element, Shape::kVector>*>(dq + row * p.dq_stride.row + col) = convert(values);
   }

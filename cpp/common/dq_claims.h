@@ -13,6 +13,17 @@
 // store has completed (at its next step, before it might wait on another tile's claim, so that no
 // two CTAs can wait on each other); one that finds kClaimed waits for kWritten before its reduction.
 // The post-pass reads a tile whose claim is still kUnclaimed (no key tile sees its rows) as zeros.
+//
+// Turns (BackwardParams::deterministic, both families): the same ints count the additions made to
+// their query tile, and the key tiles add in a fixed order, that of their index n_block (the
+// kernels walk their query tiles so that the key tiles come to each in about that order: see
+// dq_turn). A key tile waits until the count says that every key tile before it has added
+// (dq_turn_wait), adds (the first stores: the workspace is not zeroed), waits for its addition to
+// complete, and passes the turn on (dq_turn_pass: a release that increments). The sums are then
+// the same at every run, whichever SMs run which tile when. No deadlock: a tile waits only for
+// tiles of lower index, which the schedulers start first (the Hopper family's counter hands them
+// out in index order; the Ampere family's grid has n_block as its fastest index, and a GPU
+// dispatches a grid's CTAs in order), so the lowest unfinished tile always runs and never waits.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +69,44 @@ CUTE_DEVICE void dq_claim_publish(int* claim) {
   fence_view_async_global();
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" :: "l"(claim), "r"(int(kWritten)) : "memory");
 #endif
+}
+
+// Deterministic order: the turn of key tile n_block at the query tile of rows from row_begin, i.e.
+// how many key tiles add to that tile before it. The key tiles that see any of those rows are
+// consecutive (a band mask), from the first the rows see (mask.first_visible_tile).
+template <class Mask>
+CUTE_DEVICE int dq_turn(Mask const& mask, int n_block, int row_begin, int block_n) {
+  return n_block - mask.first_visible_tile(row_begin, block_n);
+}
+
+// Waits (spinning) until `turn` has counted `count` arrivals, with acquire semantics.
+CUTE_DEVICE void dq_turn_wait(const int* turn, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  for (;;) {
+    int arrived;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(arrived) : "l"(turn) : "memory");
+    if (arrived >= count) break;
+    __nanosleep(32);
+  }
+#endif
+}
+
+// One arrival at `turn`, with release semantics: what this thread wrote, and what it has seen
+// written (a barrier's other threads'), is visible to whoever then sees the new count.
+CUTE_DEVICE void dq_turn_pass(int* turn) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" :: "l"(turn) : "memory");
+#endif
+}
+
+// dq_turn_pass for a turn whose addition this thread made by bulk operations: waits for them to
+// complete (their writes performed) first.
+CUTE_DEVICE void dq_turn_pass_bulk(int* turn) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  bulk_reduce_wait_all();
+  fence_view_async_global();
+#endif
+  dq_turn_pass(turn);
 }
 
 }  // namespace fa

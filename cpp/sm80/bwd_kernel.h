@@ -30,12 +30,20 @@
 //                             reduction after the first barrier and waited for its reads before
 //                             the second)
 //   dK += dSᵀ Q
+//
+// Deterministic (BackwardParams::deterministic): the key tiles add their dQ partials to each query
+// tile in turn, in the order of n_block (common/dq_claims.h), and walk their query tiles from the
+// last down, so that they come to each in about that order (sm90/bwd_load.h's BackwardSteps says
+// why). Thread 0 waits for a tile's turn before the barrier after which the tile is added (its
+// bulk reduction, or every thread's reductions), and passes it on after the next barrier (bulk:
+// once its reduction has completed).
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "common/attention_mask.h"
 #include "common/backward_rows.h"
+#include "common/dq_claims.h"
 #include "common/sequence.h"
 #include "common/softcap.h"
 #include "fa/params.h"
@@ -125,9 +133,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename Config::SmemLayoutPdS{});
   Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename Config::SmemLayoutPdSt{});
 
-  // Step t works on query head head_kv·group + t / m_tiles, query tile m_begin + t % m_tiles.
+  // Step t works on query head head_kv·group + t / m_tiles, query tile m_begin + t % m_tiles
+  // (deterministic: m_end - 1 - t % m_tiles).
+  const bool deterministic = params.deterministic;
+  const int tile_first = deterministic ? m_end - 1 : m_begin, tile_dir = deterministic ? -1 : 1;
   auto step_head = [&](int t) { return head_kv * group + t / m_tiles; };
-  auto step_tile = [&](int t) { return m_begin + t % m_tiles; };
+  auto step_tile = [&](int t) { return tile_first + tile_dir * (t % m_tiles); };
   auto q_rows = [&](const void* base, Strides s, int t) {
     Tensor m = make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + seq.q_offset(s, batch, step_head(t))),
                            make_shape(seq.seqlen_q, Int<kHeadDim>{}), make_stride(s.row, _1{}));
@@ -233,6 +244,22 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   Tensor tdQc = thr_dq.partition_C(make_identity_tensor(QTile{}));
   constexpr bool kBulk = Config::kDqReduce == DqReduce::kBulk && kArchHasBulkReduce;
   auto dq_tile = [&](int t) { return params.dq_accum + workspace_row(t) * kHeadDim; };  // step t's rows
+  // Deterministic: step t's turn and its count (common/dq_claims.h); one arrival a turn.
+  auto turn = [&](int t) { return dq_turn(mask, n_block, step_tile(t) * kBlockM, kBlockN); };
+  auto turn_count = [&](int t) { return params.dq_claims + workspace_row(t) / kDqClaimRows; };
+  // Bulk (thread 0): step t's staged dQ tile added to the workspace; deterministic, in its turn.
+  auto add_staged_dq = [&](int t) {
+    if (deterministic) {
+      const int tt = turn(t);
+      dq_turn_wait(turn_count(t), tt);
+      fence_view_async_global();  // the bulk operation after the acquire
+      if (tt == 0) {
+        bulk_store(dq_tile(t), smem_dq, Config::kSmemdQBytes);
+        return;
+      }
+    }
+    bulk_reduce_add(dq_tile(t), smem_dq, Config::kSmemdQBytes);
+  };
 
   for (int t = 0; t < steps; ++t) {
     const int row_begin = step_tile(t) * kBlockM;
@@ -241,7 +268,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     cp_async_wait<0>();
     __syncthreads();
     if constexpr (kBulk) {
-      if (tid == 0 && t > 0) bulk_reduce_add(dq_tile(t - 1), smem_dq, Config::kSmemdQBytes);
+      if (tid == 0 && t > 0) add_staged_dq(t - 1);
+    } else {
+      if (deterministic && tid == 0 && t > 0) dq_turn_pass(turn_count(t - 1));  // every thread's additions done
     }
     if (t + 1 < steps) {
       load_q(t + 1, (t + 1) % Config::kQStages);
@@ -306,7 +335,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     Tensor rdS = convert_fragment<Element>(acc_dp);
     copy(store_pds, thr_store_pds.retile_S(rdS), tdSsdS);
     if constexpr (kBulk) {
-      if (tid == 0) bulk_reduce_wait_read();  // the dQ staging buffer is free again
+      // The dQ staging buffer is free again (deterministic: the addition complete, its turn passed).
+      if (tid == 0) {
+        if (deterministic && t > 0) dq_turn_pass_bulk(turn_count(t - 1));
+        else bulk_reduce_wait_read();
+      }
+    } else {
+      if (deterministic && tid == 0) dq_turn_wait(turn_count(t), turn(t));  // the other threads add after the barrier
     }
     __syncthreads();
 
@@ -338,14 +373,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         store_shared_pair(smem_dq + dq_offset(i), acc_dq(i), acc_dq(i + 1));
       }
       fence_shared_for_bulk_copy();  // thread 0 adds the tile after the next barrier
-    } else if constexpr (Config::kDqReduce == DqReduce::kBulk || Config::kDqReduce == DqReduce::kPairs) {
+    } else {
+      // Deterministic: the tile's first addition (its turn 0) stores.
       float* dq_accum = dq_tile(t);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); i += 2) atomic_add_pair(dq_accum + dq_offset(i), acc_dq(i), acc_dq(i + 1));
-    } else if constexpr (Config::kDqReduce == DqReduce::kScalar) {
-      float* dq_accum = dq_tile(t);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); ++i) atomicAdd(dq_accum + dq_offset(i), acc_dq(i));
+      const bool store = deterministic && turn(t) == 0;
+      if constexpr (Config::kDqReduce == DqReduce::kBulk || Config::kDqReduce == DqReduce::kPairs) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 2) add_or_store_pair(dq_accum + dq_offset(i), store, acc_dq(i), acc_dq(i + 1));
+      } else if constexpr (Config::kDqReduce == DqReduce::kScalar) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); ++i) {
+          if (store) dq_accum[dq_offset(i)] = acc_dq(i);
+          else atomicAdd(dq_accum + dq_offset(i), acc_dq(i));
+        }
+      }
     }
 
     gemm_smem_smem(acc_dk, tdKrdSt, thr_copy_at_dkv.retile_D(tdKrdSt), tdKsdSt, copy_at_dkv,
@@ -361,10 +402,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto store_dkv = make_tiled_copy_C(typename Config::SmemCopyAtomStore{}, mma_dkv);
   auto thr_store_dkv = store_dkv.get_thread_slice(tid);
   __syncthreads();  // every warp is done reading K and V (and has staged its last dQ tile)
-  if constexpr (kBulk) {
-    if (tid == 0) {
-      bulk_reduce_add(dq_tile(steps - 1), smem_dq, Config::kSmemdQBytes);
-      bulk_reduce_wait_all();
+  if (tid == 0) {
+    if constexpr (kBulk) {
+      add_staged_dq(steps - 1);
+      if (deterministic) dq_turn_pass_bulk(turn_count(steps - 1));
+      else bulk_reduce_wait_all();
+    } else {
+      if (deterministic) dq_turn_pass(turn_count(steps - 1));
     }
   }
   copy(store_dkv, thr_store_dkv.retile_S(rdK), thr_store_dkv.partition_D(sK));

@@ -53,7 +53,7 @@ cudaError_t launch_backward(const BackwardParams& params, cudaStream_t stream) {
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
-  backward_convert_dq_kernel<Element, kHeadDim, Config::kDqSwizzle>
+  backward_convert_dq_kernel<Element, kHeadDim, Config::kDqSwizzle, Config::kBlockM>
       <<<backward_row_grid(params), RowPass::kThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }

@@ -19,14 +19,24 @@ inline constexpr bool kArchHasBulkReduce = false;
 inline constexpr bool kArchHasBulkReduce = true;  // sm90+ (and the host pass, which runs no kernel)
 #endif
 
-// dst[0] += a and dst[1] += b in global memory (dst 8-byte aligned). On sm90 one vector reduction:
-// the four threads of an accumulator row then cover one whole 32-byte sector per instruction.
-CUTE_DEVICE void atomic_add_pair(float* dst, float a, float b) {
+// dst[0] += a and dst[1] += b in global memory (dst 8-byte aligned), or where `store` (the
+// tile's first addition in the deterministic order, common/dq_claims.h) dst[0] = a, dst[1] = b:
+// predicated instructions, no branch. On sm90 one vector reduction: the four threads of an
+// accumulator row then cover one whole 32-byte sector per instruction.
+CUTE_DEVICE void add_or_store_pair(float* dst, bool store, float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
-#else
-  atomicAdd(dst, a);
-  atomicAdd(dst + 1, b);
+  asm volatile(
+      "{\n .reg .pred s;\n setp.ne.b32 s, %3, 0;\n"
+      " @s st.global.v2.f32 [%0], {%1, %2};\n"
+      " @!s red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n}"
+      :: "l"(dst), "f"(a), "f"(b), "r"(int(store)) : "memory");
+#elif defined(__CUDA_ARCH__)
+  asm volatile(
+      "{\n .reg .pred s;\n setp.ne.b32 s, %3, 0;\n"
+      " @s st.global.v2.f32 [%0], {%1, %2};\n"
+      " @!s red.relaxed.gpu.global.add.f32 [%0], %1;\n"
+      " @!s red.relaxed.gpu.global.add.f32 [%0+4], %2;\n}"
+      :: "l"(dst), "f"(a), "f"(b), "r"(int(store)) : "memory");
 #endif
 }
 

@@ -180,7 +180,7 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
       ++q_release_state;
     };
 
-    for (auto step = steps.first(); step.t < steps.count; steps.advance(step)) {
+    for (auto step = steps.first_step(); step.t < steps.count; steps.advance(step)) {
       const int t = step.t;
       const int row_begin = step.m_block * kBlockM;
       const int q_stage = q_state.index(), do_stage = do_state.index();

@@ -96,10 +96,10 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   using Element = typename Config::Element;
   constexpr int kHeadDim = Config::kHeadDim;
   static_assert(kBackwardRowPadding % Config::kBlockM == 0, "query tiles inside the padded workspaces");
-  // dQ's workspace tiles are claimed (common/dq_claims.h) where Config::kdQClaims says so; else the
-  // pre-pass zeroes the workspace.
+  // dQ's workspace tiles are claimed (common/dq_claims.h) where Config::kdQClaims says so, and
+  // taken in turns where the call is deterministic; else the pre-pass zeroes the workspace.
   BackwardParams p = call;
-  if constexpr (!Config::kdQClaims) p.dq_claims = nullptr;
+  if (!Config::kdQClaims && !p.deterministic) p.dq_claims = nullptr;
   if constexpr (!Config::kRowsInMainKernel) p.unit_ready = nullptr;
 
   // What one (batch, kv head) streams through L2: Q and dO of its query heads and their dQ

@@ -86,45 +86,64 @@ struct BackwardTileHandoff {
 // the SMs' (128 query tiles, 132 SMs), and starts n_block steps apart undo that stagger, so a
 // head's CTAs meet at the same query tiles again; the stride's starts are spread whether the
 // CTAs run in lockstep or staggered. Causal key tiles start at their diagonals already.
+//
+// Deterministic (BackwardParams::deterministic), every key tile walks its query tiles from the
+// last down: the key tiles of a head that run at once then come to each query tile in the order
+// of their index, the order in which their dQ partials must be added (common/dq_claims.h), each
+// a little behind the one before; walked up from their diagonals (causal) or from rotated starts,
+// a key tile would come to most query tiles before the ones it must wait for.
 template <int kBlockM, int kBlockN, bool kCausal>
 struct BackwardSteps {
-  int m_begin;  // first query tile that sees a key of the tile
-  int m_tiles;  // query tiles from there to the last that sees one (a window's left bound)
   int head0;    // first query head of the group
-  int count;    // m_tiles · group
-  int rotate;   // the first step's query tile, from m_begin
+  int count;    // query tiles · group
+  int first;    // the first step's query tile
+  int wrap;     // one past the last query tile in the walk's direction: it goes on from restart
+  int restart;
+  int dir;      // +1 or -1
 
   CUTE_DEVICE BackwardSteps(const BackwardParams& p, const Sequence& seq, int n_block, int head_kv) {
     const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
     const int m_end = (cute::min(seq.seqlen_q, mask.rows_end_seeing((n_block + 1) * kBlockN)) + kBlockM - 1) / kBlockM;
-    m_begin = cute::min(mask.first_row_seeing(n_block * kBlockN) / kBlockM, m_end);
-    m_tiles = m_end - m_begin;
+    // The query tiles that see a key of the tile (from the first, up to a window's left bound).
+    const int m_begin = cute::min(mask.first_row_seeing(n_block * kBlockN) / kBlockM, m_end);
+    const int m_tiles = m_end - m_begin;
     const int group = p.heads_q / p.heads_kv;
     head0 = head_kv * group;
     count = m_tiles * group;
-    if (kCausal || m_tiles == 0) {
-      rotate = 0;
+    if (p.deterministic) {
+      first = m_end - 1;
+      wrap = m_begin - 1;
+      restart = m_end - 1;
+      dir = -1;
     } else {
-      const int64_t stride = (int64_t(m_tiles) * 79 / 128) | 1;
-      rotate = int(int64_t(n_block) * stride % m_tiles);
+      int rotate = 0;
+      if (!kCausal && m_tiles > 0) {
+        const int64_t stride = (int64_t(m_tiles) * 79 / 128) | 1;
+        rotate = int(int64_t(n_block) * stride % m_tiles);
+      }
+      first = m_begin + rotate;
+      wrap = m_end;
+      restart = m_begin;
+      dir = 1;
     }
   }
   // A step: its index t, query head and query tile, walked one step at a time (first, advance)
-  // by every role, without a division and remainder by m_tiles in the loop (~25 instructions, a
-  // MUFU.RCP among them): measured 3-4% faster at D = 64 causal and (2, 64, 4096, 128) causal,
-  // level on the other rows, for the D <= 128 consumers; at D = 256 (bwd_mma_split.h) level to
-  // 1.5% faster once the division no longer held back a GEMM's issue (docs/tried.md: e5d052a,
-  // 84708e1).
+  // by every role, without a division and remainder by the tile count in the loop (~25
+  // instructions, a MUFU.RCP among them): measured 3-4% faster at D = 64 causal and
+  // (2, 64, 4096, 128) causal, level on the other rows, for the D <= 128 consumers; at D = 256
+  // (bwd_mma_split.h) level to 1.5% faster once the division no longer held back a GEMM's issue
+  // (docs/tried.md: e5d052a, 84708e1).
   struct Step {
     int t;
     int head;
     int m_block;
   };
-  CUTE_DEVICE Step first() const { return {0, head0, m_begin + rotate}; }
+  CUTE_DEVICE Step first_step() const { return {0, head0, first}; }
   CUTE_DEVICE void advance(Step& s) const {
     ++s.t;
-    if (++s.m_block == m_begin + m_tiles) s.m_block = m_begin;
-    if (s.m_block == m_begin + rotate) ++s.head;  // back at the first query tile: the next head
+    s.m_block += dir;
+    if (s.m_block == wrap) s.m_block = restart;
+    if (s.m_block == first) ++s.head;  // back at the first query tile: the next head
   }
   // The step's first row in the workspaces' row space (lse_log2, delta, dQ).
   CUTE_DEVICE int64_t workspace_row(const BackwardParams& p, const Sequence& seq, int batch, Step const& s) const {
@@ -234,7 +253,7 @@ struct BackwardLoad {
       // are loaded (the consumers and the dQ writer read it at this tile's end).
       const bool kv_first = !waited && count > 0;  // the CTA's first tile: K and V before the wait
       if (kv_first) load_kv();
-      for (auto step = steps.first(); step.t < count; steps.advance(step)) {
+      for (auto step = steps.first_step(); step.t < count; steps.advance(step)) {
         load(step, pipeline_q, q_state, params.tma_q, mQ, sm.q, smem.lse_log2.data(), p.lse_log2);
         load(step, pipeline_do, do_state, params.tma_do, mdO, sm.dout, smem.delta.data(), p.delta);
         if (step.t == 0 && !kv_first) load_kv();
@@ -259,6 +278,9 @@ struct BackwardLoad {
 //                 writing into it.
 // Config::kdQClaims: the workspace is not zeroed; the first key tile to come to a query tile stores
 // its partial, and the others add to it once that store is complete (common/dq_claims.h).
+// Deterministic: the key tiles add in turn, the first in the order storing (common/dq_claims.h);
+// the writer waits for its turn, and passes it on at its next step (or the tile's end), once its
+// additions have completed.
 template <class Config, bool kCausal>
 struct BackwardDqWriter {
   static constexpr int kBarrierThreads = 128 + 32;
@@ -270,9 +292,12 @@ struct BackwardDqWriter {
     constexpr int kFloats = Config::kdQWarpgroupFloats;
     const BackwardParams& p = params.attn;
     const bool leader = cute::elect_one_sync();
-    int* pending = nullptr;  // the leader's: a tile it stored whose claim it has not published
+    int* pending = nullptr;  // the leader's: a tile it stored whose claim (turn) it has not published (passed)
     auto publish = [&] {
-      if (pending != nullptr) dq_claim_publish(pending);
+      if (pending != nullptr) {
+        if (p.deterministic) dq_turn_pass_bulk(pending);
+        else dq_claim_publish(pending);
+      }
       pending = nullptr;
     };
     int received = 0;
@@ -282,6 +307,7 @@ struct BackwardDqWriter {
       const Sequence seq = Sequence::of(p, tile.batch);
       const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, tile.n_block, tile.head_kv);
       const int count = tile.n_block * Config::kBlockN < seq.seqlen_k ? steps.count : 0;
+      const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
       // A unit the main kernel prepares: its workspace rows zeroed (or claims) before the first
       // reduction (or claim), which runs in the async proxy.
       if (Config::kRowsInMainKernel && count > 0 && p.unit_ready != nullptr) {
@@ -291,14 +317,22 @@ struct BackwardDqWriter {
       if (count > 0) {
         for (int w = 0; w < kWarpgroups; ++w) barrier_arrive(BackwardBarrier::kdQEmpty, kBarrierThreads, w);
       }
-      for (auto step = steps.first(); step.t < count; steps.advance(step)) {
+      for (auto step = steps.first_step(); step.t < count; steps.advance(step)) {
         const int t = step.t;
         const float* staging = smem.dq.data() + Config::dq_staging_buffer(t);
         const int64_t row = steps.workspace_row(p, seq, tile.batch, step);
         float* dq_tile = p.dq_accum + row * Config::kHeadDim;
-        int* const claim = Config::kdQClaims ? p.dq_claims + row / kDqClaimRows : nullptr;
+        int* const claim = p.dq_claims != nullptr ? p.dq_claims + row / kDqClaimRows : nullptr;
         int state = kWritten;
-        if constexpr (Config::kdQClaims) {
+        if (p.deterministic) {
+          if (leader) {
+            publish();  // the step before's turn, before waiting for this one
+            const int turn = dq_turn(mask, tile.n_block, step.m_block * Config::kBlockM, Config::kBlockN);
+            dq_turn_wait(claim, turn);
+            fence_view_async_global();  // the bulk operations after the acquire
+            state = turn == 0 ? kUnclaimed : kWritten;
+          }
+        } else if constexpr (Config::kdQClaims) {
           if (leader) {
             publish();  // the step before's store (if first there) has had a step to complete
             state = dq_claim(claim);
@@ -324,7 +358,7 @@ struct BackwardDqWriter {
           __syncwarp();
           if (t + 1 < count) barrier_arrive(BackwardBarrier::kdQEmpty, kBarrierThreads, w);
         }
-        if (leader && state == kUnclaimed) pending = claim;
+        if (leader && (state == kUnclaimed || p.deterministic)) pending = claim;
       }
       // Every copy of the tile has read its buffer before the next tile's first step writes into
       // them (and before the CTA exits); their additions in L2 complete on their own (as a TMA

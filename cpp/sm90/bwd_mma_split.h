@@ -17,6 +17,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/attention_mask.h"
+#include "common/dq_claims.h"
 #include "common/fragment_convert.h"
 #include "common/sequence.h"
 #include "common/softcap.h"
@@ -44,6 +45,17 @@ template <int kOffsetBytes>
 CUTE_DEVICE void red_add_f32x4(float* base, float a, float b, float c, float d) {
   asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0+%5], {%1, %2, %3, %4};"
                :: "l"(base), "f"(a), "f"(b), "f"(c), "f"(d), "n"(kOffsetBytes));
+}
+
+// The same, or where `store` a store of the 16 bytes (the first addition to a tile in the
+// deterministic order, common/dq_claims.h): one of two predicated instructions, no branch.
+template <int kOffsetBytes>
+CUTE_DEVICE void red_or_store_f32x4(float* base, bool store, float a, float b, float c, float d) {
+  asm volatile(
+      "{\n .reg .pred s;\n setp.ne.b32 s, %6, 0;\n"
+      " @s st.global.v4.f32 [%0+%5], {%1, %2, %3, %4};\n"
+      " @!s red.relaxed.gpu.global.add.v4.f32 [%0+%5], {%1, %2, %3, %4};\n}"
+      :: "l"(base), "f"(a), "f"(b), "f"(c), "f"(d), "n"(kOffsetBytes), "r"(int(store)));
 }
 
 // Gives every register of a fragment a new, unspecified value (an empty asm that only writes them):
@@ -105,7 +117,8 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
   // dQ's slice s added to its workspace tile in the layout of Config::dq_staging_offset (the slices
   // are the N repeats of the whole tile's accumulator, which the post-pass reads): one address a
   // thread and slice, the vectors at immediate offsets from it.
-  auto add_dq = [&](float* dq_tile, int s, auto const& acc_dq) {
+  // store: the tile's first addition in the deterministic order (common/dq_claims.h).
+  auto add_dq = [&](float* dq_tile, int s, auto const& acc_dq, bool store) {
     constexpr int kVectors = decltype(size(acc_dq))::value / 4;
     float* first = dq_tile + Config::dq_staging_offset(mma_tid, s * size(acc_dq));
     for_each(make_int_sequence<kVectors>{}, [&](auto v) {
@@ -114,8 +127,22 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       constexpr int kOffset = Config::dq_staging_offset(0, i) - Config::dq_staging_offset(0, 0);
       static_assert(kOffset == Config::dq_staging_offset(Config::kMmaThreads - 1, i) -
                                    Config::dq_staging_offset(Config::kMmaThreads - 1, 0));
-      red_add_f32x4<kOffset * int(sizeof(float))>(first, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2), acc_dq(i + 3));
+      red_or_store_f32x4<kOffset * int(sizeof(float))>(first, store, acc_dq(i), acc_dq(i + 1), acc_dq(i + 2),
+                                                       acc_dq(i + 3));
     });
+  };
+  // Deterministic (common/dq_claims.h): the turn count of a dQ tile, each of the consumer warps
+  // arriving once its threads' additions to the tile are done (a warp's lanes synchronise, one
+  // releases).
+  constexpr int kArrivals = Config::kMmaThreads / 32;
+  auto turn_of = [&](const float* dq_tile) {
+    return p.dq_claims + (dq_tile - p.dq_accum) / (Config::kHeadDim * kDqClaimRows);
+  };
+  auto pass_turn = [&](const float* dq_tile) {
+    // The warp's barrier as an asm statement: the compiler keeps it after the additions' (asm
+    // volatile statements keep their order), which carry no memory clobber.
+    asm volatile("bar.warp.sync -1;\n" ::: "memory");
+    if (mma_tid % 32 == 0) dq_turn_pass(turn_of(dq_tile));
   };
 
   typename Config::Pipeline::PipelineState q_state;   // run on from one key tile to the next
@@ -144,7 +171,8 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
     // between the steps with the tensor cores idle.
     Tensor acc_dq = partition_fragment_C(mma_dq, typename Config::TileQSlice{});
     float* dq_tile_last = nullptr;
-    for (auto step = steps.first(); step.t < steps.count; steps.advance(step)) {
+    bool store_last = false;  // dq_tile_last's first addition (deterministic)
+    for (auto step = steps.first_step(); step.t < steps.count; steps.advance(step)) {
       const int t = step.t;
       const int q_stage = q_state.index(), do_stage = do_state.index();
       const float* lse_log2 = smem.lse_log2.data() + q_stage * kBlockM;
@@ -156,7 +184,10 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_sdp, tSrQ(_, _, _, q_stage), tSrK, acc_s);
       // ptxas waits for this S before dP is issued (C7517: dP's accumulator takes registers these
       // reductions read); the drain runs under S all the same.
-      if (t > 0) add_dq(dq_tile_last, kSlices - 1, acc_dq);
+      if (t > 0) {
+        add_dq(dq_tile_last, kSlices - 1, acc_dq, store_last);
+        if (p.deterministic) pass_turn(dq_tile_last);
+      }
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) row_lse[r] = lse_log2[get<0>(score_coords(r, 0))];
       pipeline_do.consumer_wait(do_state);
@@ -224,19 +255,29 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       pipeline_do.consumer_release(do_state);
       ++do_state;
       gemm_wait<1>(acc_dq);  // dQ's first slice done
-      add_dq(dq_tile, 0, acc_dq);
+      bool store = false;
+      if (p.deterministic) {  // wait for the tile's turn
+        const int turn = dq_turn(mask, n_block, row_begin, kBlockN);
+        dq_turn_wait(turn_of(dq_tile), turn * kArrivals);
+        store = turn == 0;
+      }
+      add_dq(dq_tile, 0, acc_dq, store);
       CUTE_UNROLL
       for (int s = 1; s < kSlices; ++s) {
         gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, s), acc_dq);
         gemm_wait<0>(acc_dq);
-        if (s < kSlices - 1) add_dq(dq_tile, s, acc_dq);
+        if (s < kSlices - 1) add_dq(dq_tile, s, acc_dq, store);
       }
       dq_tile_last = dq_tile;
+      store_last = store;
       warpgroup_fence_operand(acc_dk);
       pipeline_q.consumer_release(q_state);
       ++q_state;
     }
-    if (steps.count > 0) add_dq(dq_tile_last, kSlices - 1, acc_dq);
+    if (steps.count > 0) {
+      add_dq(dq_tile_last, kSlices - 1, acc_dq, store_last);
+      if (p.deterministic) pass_turn(dq_tile_last);
+    }
 
     // dKᵀ and dVᵀ to K's and V's buffers through their transposed views (stmatrix .trans).
     auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_dkv);

@@ -388,7 +388,8 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& q, const Tensor& k, const T
 std::tuple<Tensor, Tensor, Tensor> backward_cpu(const Tensor& dout, const Tensor& q, const Tensor& k,
                                                 const Tensor& v, const Tensor& out, const Tensor& softmax_lse,
                                                 std::optional<double> softmax_scale, bool causal,
-                                                int64_t window_left, int64_t window_right, double softcap) {
+                                                int64_t window_left, int64_t window_right, double softcap,
+                                                bool /*deterministic: every CPU backward is*/) {
   const AttentionShape s = check_backward_inputs(dout, q, k, v, out, softmax_lse);
   const Variant variant =
       check_variant("fa.backward", causal, window_left, window_right, softcap, std::nullopt, q, s.heads_q);
@@ -442,7 +443,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cpu(const Tensor& dout, const
                                                        const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                                        int64_t max_seqlen_k, std::optional<double> softmax_scale,
                                                        bool causal, int64_t window_left, int64_t window_right,
-                                                       double softcap) {
+                                                       double softcap, bool /*deterministic: every CPU backward is*/) {
   constexpr const char* op = "fa.backward_varlen";
   const VarlenShape s = check_varlen_backward_inputs(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                                                      max_seqlen_q, max_seqlen_k);

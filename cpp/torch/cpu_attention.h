@@ -14,11 +14,13 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& q, const Tensor& k, const T
                                        std::optional<double> softmax_scale, bool causal, int64_t window_left,
                                        int64_t window_right, double softcap, std::optional<Tensor> sinks);
 
+// The backward: deterministic whatever `deterministic` says (each thread owns the rows it writes).
 std::tuple<Tensor, Tensor, Tensor> backward_cpu(const Tensor& dout, const Tensor& q, const Tensor& k,
                                                 const Tensor& v, const Tensor& out,
                                                 const Tensor& softmax_lse,
                                                 std::optional<double> softmax_scale, bool causal,
-                                                int64_t window_left, int64_t window_right, double softcap);
+                                                int64_t window_left, int64_t window_right, double softcap,
+                                                bool deterministic);
 
 // The KV cache (fa::forward_kvcache). Here cache_seqlens and page_table are checked (in range).
 std::tuple<Tensor, Tensor> forward_kvcache_cpu(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -41,6 +43,6 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cpu(const Tensor& dout, const
                                                        const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                                        int64_t max_seqlen_k, std::optional<double> softmax_scale,
                                                        bool causal, int64_t window_left, int64_t window_right,
-                                                       double softcap);
+                                                       double softcap, bool deterministic);
 
 }  // namespace fa::torch_binding

@@ -478,10 +478,10 @@ struct BackwardInputs {
 // for the Hopper family, lse in log2 units; rows padded so that every query tile lies inside them,
 // dQ's columns as wide as the kernel's head dim), and launches the kernels. The workspaces are
 // (B, Hq, rows) or, for a packed batch, (Hq, rows) with the sequences at their own padded offsets
-// (common/sequence.h).
+// (common/sequence.h). deterministic: dQ's partials added in a fixed order (common/dq_claims.h).
 void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gradients& g,
                           const AttentionShape& s, float scale, const Kernels& kernels, const Variant& variant,
-                          const char* op) {
+                          bool deterministic, const char* op) {
   const bool causal = variant.causal_kernels();  // the kernels instantiated for causal serve every window
   check_grid_limits(s, op);
   FA_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
@@ -499,12 +499,13 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   const bool sm90 = kernels.family == Family::kSm90;
   const int64_t rows = packed ? s.heads_q * head_rows : s.batch * s.heads_q * rounded;
   const int64_t dq_floats = rows * kernels.head_dim;
-  const int64_t claims = rows / kDqClaimRows;
+  // Claims: the Hopper family's, and the turns of a deterministic call (either family).
+  const int64_t claims = sm90 || deterministic ? rows / kDqClaimRows : 0;
   // Rectangular batches (Hopper): an int per (batch, kv head) unit, the row blocks the main kernel
   // has prepared of it (BackwardParams::unit_ready; its launcher decides whether it prepares any).
   const int64_t units = sm90 && !packed ? int64_t(s.batch) * s.heads_kv : 0;
   const Tensor workspace = torch::stable::new_empty(
-      q, {dq_floats + (sm90 ? 2 * rows + 128 + claims + units : rows)}, ScalarType::Float);
+      q, {dq_floats + (sm90 ? 2 * rows + 128 : rows) + claims + units}, ScalarType::Float);
   float* const base = static_cast<float*>(workspace.data_ptr());
 
   fill_forward_params(p, q, in.k, in.v, in.out, in.lse, s, scale);
@@ -522,9 +523,12 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   p.lse_log2 = sm90 ? base + dq_floats + rows : nullptr;
   p.tile_counter = sm90 ? reinterpret_cast<int*>(base + dq_floats + 2 * rows) : nullptr;  // zeroed by the pre-pass
   // The dQ claims: used (and zeroed by the pre-pass) where the Hopper kernel claims the workspace's
-  // tiles instead of zeroing them; its launcher decides (sm90::BackwardConfig::kdQClaims).
-  p.dq_claims = sm90 ? reinterpret_cast<int*>(base + dq_floats + 2 * rows + 128) : nullptr;
-  p.unit_ready = units > 0 ? reinterpret_cast<int*>(base + dq_floats + 2 * rows + 128 + claims) : nullptr;
+  // tiles instead of zeroing them (its launcher decides: sm90::BackwardConfig::kdQClaims), and
+  // as the turns of a deterministic call.
+  float* const claims_base = base + dq_floats + (sm90 ? 2 * rows + 128 : rows);
+  p.dq_claims = claims > 0 ? reinterpret_cast<int*>(claims_base) : nullptr;
+  p.unit_ready = units > 0 ? reinterpret_cast<int*>(claims_base + claims) : nullptr;
+  p.deterministic = deterministic;
   p.seqlen_q_rounded = static_cast<int>(rounded);
   p.head_dim_rounded = kernels.head_dim;
   p.workspace_head_rows = packed ? head_rows : 0;
@@ -547,7 +551,8 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
                                                  const Tensor& k_in, const Tensor& v_in,
                                                  const Tensor& out_in, const Tensor& lse_in,
                                                  std::optional<double> softmax_scale, bool causal,
-                                                 int64_t window_left, int64_t window_right, double softcap) {
+                                                 int64_t window_left, int64_t window_right, double softcap,
+                                                 bool deterministic) {
   constexpr const char* op = "fa.backward";
   const AttentionShape s = check_backward_inputs(dout_in, q_in, k_in, v_in, out_in, lse_in);
   check_one_head_dim(s, op);
@@ -561,7 +566,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
 
   BackwardParams p;
   run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
-                       backward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant, op);
+                       backward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant, deterministic, op);
   return {g.dq, g.dk, g.dv};
 }
 
@@ -571,7 +576,8 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, c
                                                         const Tensor& cu_seqlens_q_in, const Tensor& cu_seqlens_k_in,
                                                         int64_t max_seqlen_q, int64_t max_seqlen_k,
                                                         std::optional<double> softmax_scale, bool causal,
-                                                        int64_t window_left, int64_t window_right, double softcap) {
+                                                        int64_t window_left, int64_t window_right, double softcap,
+                                                        bool deterministic) {
   constexpr const char* op = "fa.backward_varlen";
   const VarlenShape s = check_varlen_backward_inputs(dout_in, q_in, k_in, v_in, out_in, lse_in, cu_seqlens_q_in,
                                                      cu_seqlens_k_in, max_seqlen_q, max_seqlen_k);
@@ -589,7 +595,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, c
   BackwardParams p;
   set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
   run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
-                       backward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant, op);
+                       backward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant, deterministic, op);
   return {g.dq, g.dk, g.dv};
 }
 

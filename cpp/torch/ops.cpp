@@ -19,7 +19,7 @@ std::tuple<Tensor, Tensor> forward_cuda_not_built(Tensor, Tensor, Tensor, std::o
 }
 
 std::tuple<Tensor, Tensor, Tensor> backward_cuda_not_built(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                           std::optional<double>, bool, int64_t, int64_t, double) {
+                                                           std::optional<double>, bool, int64_t, int64_t, double, bool) {
   cuda_not_built("fa.backward");
 }
 
@@ -36,7 +36,8 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda_not_built(Tensor, Tensor, Tensor
 
 std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda_not_built(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                                                   Tensor, Tensor, int64_t, int64_t,
-                                                                  std::optional<double>, bool, int64_t, int64_t, double) {
+                                                                  std::optional<double>, bool, int64_t, int64_t, double,
+                                                                  bool) {
   cuda_not_built("fa.backward_varlen");
 }
 #endif
@@ -52,7 +53,7 @@ STABLE_TORCH_LIBRARY(fa, m) {
   m.def(
       "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse,"
       " float? softmax_scale=None, bool causal=False,"
-      " int window_left=-1, int window_right=-1, float softcap=0.0)"
+      " int window_left=-1, int window_right=-1, float softcap=0.0, bool deterministic=False)"
       " -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "forward_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,"
@@ -68,7 +69,7 @@ STABLE_TORCH_LIBRARY(fa, m) {
       "backward_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse,"
       " Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,"
       " float? softmax_scale=None, bool causal=False,"
-      " int window_left=-1, int window_right=-1, float softcap=0.0)"
+      " int window_left=-1, int window_right=-1, float softcap=0.0, bool deterministic=False)"
       " -> (Tensor dq, Tensor dk, Tensor dv)");
 }
 

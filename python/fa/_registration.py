@@ -4,6 +4,8 @@ The fake kernels give torch.compile and FakeTensor the outputs' shapes, dtypes a
 without running anything; the autograd registration makes ``torch.ops.fa.forward`` train.
 """
 
+import os
+
 import torch
 
 from ._layout import empty_like_attention
@@ -57,7 +59,7 @@ def _forward_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, win
 
 @torch.library.register_fake("fa::backward")
 def _backward_fake(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False, window_left=-1,
-                   window_right=-1, softcap=0.0):
+                   window_right=-1, softcap=0.0, deterministic=False):
     _check_shapes("fa.backward", q, k, v)
     torch._check(dout.shape == _output_shape(q, v), lambda: "fa.backward: dout must have the output's shape")
     return empty_like_attention(q), empty_like_attention(k), empty_like_attention(v)
@@ -83,7 +85,7 @@ def _forward_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
 @torch.library.register_fake("fa::backward_varlen")
 def _backward_varlen_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                           max_seqlen_k, softmax_scale=None, causal=False, window_left=-1, window_right=-1,
-                          softcap=0.0):
+                          softcap=0.0, deterministic=False):
     _check_varlen_shapes("fa.backward_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k)
     torch._check(dout.shape == _output_shape(q, v), lambda: "fa.backward_varlen: dout must have the output's shape")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
@@ -118,6 +120,15 @@ def _forward_kvcache_fake(q, k_cache, v_cache, cache_seqlens, page_table=None, s
 _VARIANT_ARGS = 4  # window_left, window_right, softcap, sinks: after causal in every forward op
 
 
+def _deterministic(requested) -> bool:
+    """A deterministic backward: asked for by the call, or by FA_DETERMINISTIC in the environment
+    (read at each call; set and not "0" / "false")."""
+    if requested:
+        return True
+    value = os.environ.get("FA_DETERMINISTIC", "")
+    return value not in ("", "0") and value.lower() != "false"
+
+
 def _sink_grad(sinks, grad_out, out, lse, head_dim_of_lse: int, valid_rows=None):
     """dsinks from dO, O and lse; lse's heads are its dimension head_dim_of_lse (1 for (B, H, S),
     0 for varlen's (H, total)); valid_rows: varlen's mask of the rows that belong to a sequence."""
@@ -134,14 +145,17 @@ def _sink_grad(sinks, grad_out, out, lse, head_dim_of_lse: int, valid_rows=None)
     return -weights.sum(dims)
 
 
+# `deterministic`: an input after the op's own of fa.attention's autograd.Function (api.py); a call
+# of the op itself takes FA_DETERMINISTIC at its backward.
 def _setup_context(ctx, inputs, output):
     q, k, v, softmax_scale, causal = inputs[:5]
-    window_left, window_right, softcap, sinks = (tuple(inputs[5:]) + (-1, -1, 0.0, None))[:_VARIANT_ARGS]
+    window_left, window_right, softcap, sinks = (tuple(inputs[5:9]) + (-1, -1, 0.0, None))[:_VARIANT_ARGS]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, sinks)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.variant = (window_left, window_right, softcap)
+    ctx.deterministic = inputs[9] if len(inputs) > 9 else None
     ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
@@ -155,11 +169,11 @@ def _backward(ctx, grad_out, grad_lse):
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     dq, dk, dv = torch.ops.fa.backward.default(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
-                                               *ctx.variant)
+                                               *ctx.variant, _deterministic(ctx.deterministic))
     dsinks = None
     if sinks is not None and ctx.needs_input_grad[8]:
         dsinks = _sink_grad(sinks, grad_out, out, lse, 1)
-    return (dq, dk, dv, None, None, None, None, None, dsinks)[:ctx.num_inputs]
+    return (dq, dk, dv, None, None, None, None, None, dsinks, None)[:ctx.num_inputs]
 
 
 torch.library.register_autograd("fa::forward", _backward, setup_context=_setup_context)
@@ -167,13 +181,14 @@ torch.library.register_autograd("fa::forward", _backward, setup_context=_setup_c
 
 def _setup_varlen_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal = inputs[:9]
-    window_left, window_right, softcap, sinks = (tuple(inputs[9:]) + (-1, -1, 0.0, None))[:_VARIANT_ARGS]
+    window_left, window_right, softcap, sinks = (tuple(inputs[9:13]) + (-1, -1, 0.0, None))[:_VARIANT_ARGS]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks)
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.variant = (window_left, window_right, softcap)
+    ctx.deterministic = inputs[13] if len(inputs) > 13 else None
     ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
@@ -187,13 +202,13 @@ def _varlen_backward(ctx, grad_out, grad_lse):
         grad_out = grad_out.contiguous()
     dq, dk, dv = torch.ops.fa.backward_varlen.default(
         grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, ctx.softmax_scale, ctx.causal,
-        *ctx.variant
+        *ctx.variant, _deterministic(ctx.deterministic)
     )
     dsinks = None
     if sinks is not None and ctx.needs_input_grad[12]:
         valid = torch.arange(lse.size(1), device=lse.device) < cu_seqlens_q[-1]
         dsinks = _sink_grad(sinks, grad_out, out, lse, 0, valid)
-    return (dq, dk, dv, None, None, None, None, None, None, None, None, None, dsinks)[:ctx.num_inputs]
+    return (dq, dk, dv, None, None, None, None, None, None, None, None, None, dsinks, None)[:ctx.num_inputs]
 
 
 torch.library.register_autograd("fa::forward_varlen", _varlen_backward, setup_context=_setup_varlen_context)

@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ._registration import _backward, _setup_context, _setup_varlen_context, _varlen_backward
+from ._registration import _backward, _deterministic, _setup_context, _setup_varlen_context, _varlen_backward
 
 
 def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
@@ -23,10 +23,11 @@ def _window(window_size) -> Tuple[int, int]:
 # fa.attention's and fa.attention_varlen's autograd: the ops' own context setup and backward
 # (_registration.py, which registers them with torch.library for callers of the ops) in plain
 # autograd.Functions. torch.library's generic wrapper costs more host time per call (its forward
-# re-reads the op's schema at every call), which calls of small shapes feel.
+# re-reads the op's schema at every call), which calls of small shapes feel. Their last input,
+# `deterministic`, is the backward's alone.
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(q, k, v, scale, causal, window_left, window_right, softcap, sinks):
+    def forward(q, k, v, scale, causal, window_left, window_right, softcap, sinks, deterministic):
         return torch.ops.fa.forward.default(q, k, v, scale, causal, window_left, window_right, softcap, sinks)
 
     setup_context = staticmethod(_setup_context)
@@ -36,7 +37,7 @@ class _Attention(torch.autograd.Function):
 class _AttentionVarlen(torch.autograd.Function):
     @staticmethod
     def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, window_left,
-                window_right, softcap, sinks):
+                window_right, softcap, sinks, deterministic):
         return torch.ops.fa.forward_varlen.default(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, window_left,
             window_right, softcap, sinks
@@ -56,6 +57,7 @@ def attention(
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact attention ``softmax(q @ k.transpose(-2, -1) * scale) @ v``, differentiable.
@@ -89,6 +91,10 @@ def attention(
         sinks: float32 ``(Hq,)``: one logit per query head that joins every row's softmax
             denominator as a key without a value (gpt-oss's attention sinks), differentiable. The
             returned ``lse`` includes it; a row that sees no key gets output 0 and ``lse = sink``.
+        deterministic: a backward whose gradients are bit-identical from run to run (dQ's partial
+            sums added in a fixed order; on CUDA a few percent slower, docs/performance.md). The
+            forward always is. ``FA_DETERMINISTIC=1`` in the environment (read at each call) turns
+            it on for every call.
         return_lse: also return the log-sum-exp of each row's scaled scores.
 
     Returns:
@@ -98,7 +104,7 @@ def attention(
     """
     args = (q, k, v, scale, causal, *_window(window_size), float(softcap), sinks)
     if _needs_grad(q, k, v, sinks):
-        out, lse = _Attention.apply(*args)
+        out, lse = _Attention.apply(*args, _deterministic(deterministic))
     else:
         out, lse = torch.ops.fa.forward.default(*args)
     return (out, lse) if return_lse else out
@@ -118,6 +124,7 @@ def attention_varlen(
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact attention over a batch of sequences of different lengths, packed without padding;
@@ -137,6 +144,7 @@ def attention_varlen(
         causal: bottom-right aligned within each sequence, as in :func:`attention`.
         scale: the softmax scale; ``1 / sqrt(D)`` when None.
         window_size, softcap, sinks: as in :func:`attention`, within each sequence.
+        deterministic: as in :func:`attention`.
         return_lse: also return the log-sum-exp of each row, ``(Hq, total_q)`` float32.
 
     On CUDA the values of ``cu_seqlens_*`` are not checked (that would synchronise): offsets that
@@ -150,7 +158,7 @@ def attention_varlen(
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
             *_window(window_size), float(softcap), sinks)
     if _needs_grad(q, k, v, sinks):
-        out, lse = _AttentionVarlen.apply(*args)
+        out, lse = _AttentionVarlen.apply(*args, _deterministic(deterministic))
     else:
         out, lse = torch.ops.fa.forward_varlen.default(*args)
     return (out, lse) if return_lse else out

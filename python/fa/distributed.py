@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .api import _window as _window_pair
+from ._registration import _deterministic
 
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -168,7 +169,8 @@ class _Dense:
         return torch.ops.fa.forward.default(q, k, v, self.scale, False, left, right)
 
     def backward(self, dout, q, k, v, out, lse, left, right):
-        return torch.ops.fa.backward.default(dout, q, k, v, out, lse, self.scale, False, left, right)
+        return torch.ops.fa.backward.default(dout, q, k, v, out, lse, self.scale, False, left, right, 0.0,
+                                             _deterministic(False))
 
 
 class _Packed:
@@ -197,7 +199,7 @@ class _Packed:
 
     def backward(self, dout, q, k, v, out, lse, left, right):
         return torch.ops.fa.backward_varlen.default(dout, q, k, v, out, lse, self.cu, self.cu, self.max, self.max,
-                                                    self.scale, False, left, right)
+                                                    self.scale, False, left, right, 0.0, _deterministic(False))
 
 
 def _rows_of(x, rows, dim):

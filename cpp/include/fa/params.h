@@ -105,10 +105,15 @@ struct BackwardParams : ForwardParams {
   // each (batch, query head) padded to a multiple of kBackwardRowPadding (fa/kernels.h), at
   // workspace_rows (below); dQ's rows hold head_dim_rounded floats.
   float* dq_accum = nullptr;   // zeroed by the pre-pass, unless dq_claims
-  // Hopper family where its backward claims (sm90::BackwardConfig::kdQClaims; else null): one int
-  // per kDqClaimRows workspace rows, zeroed by the pre-pass in dq_accum's place; the first key tile
-  // to add to a query tile stores instead (common/dq_claims.h).
+  // Where the Hopper family's backward claims (sm90::BackwardConfig::kdQClaims) or the call is
+  // deterministic (else null): one int per kDqClaimRows workspace rows, zeroed by the pre-pass in
+  // dq_accum's place; the first key tile to add to a query tile stores instead
+  // (common/dq_claims.h).
   int* dq_claims = nullptr;
+  // dQ, dK, dV bit-identical from run to run: every query tile's dQ partials are added in one
+  // order, the key tiles' (common/dq_claims.h, "turns"), counted in dq_claims. dK and dV are
+  // deterministic in every mode (each key tile's CTA sums its group's query heads in registers).
+  bool deterministic = false;
   float* delta = nullptr;      // rowsum(dO ∘ O)
   // Hopper family only (else null): lse · log2(e) with +inf for a row that sees no key or lies
   // past seqlen_q, so that exp2(s · scale_log2 - lse_log2) is P (0 there).

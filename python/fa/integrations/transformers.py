@@ -19,6 +19,10 @@ attention is served without materialising a mask:
   keys, a left-padded batch through ``cache_leftpad``, so a step reads no mask on the host and a
   static cache compiles with ``torch.compile(fullgraph=True)``.
 
+Training with ``FLASH_ATTENTION_DETERMINISTIC=1`` (transformers' switch for flash-attn) or
+``FA_DETERMINISTIC=1``, or a ``deterministic=True`` keyword argument, runs fa's deterministic
+backward.
+
 The packing of padded and ``position_ids``-packed batches reads the mask on the host (once per
 forward, shared by the layers), as flash-attn's integration does; under ``torch.compile`` that is a
 graph break, and packed batches compile without one when given ``cu_seq_lens_q/k``.
@@ -26,6 +30,7 @@ graph break, and packed batches compile without one when given ``cu_seq_lens_q/k
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Optional, Tuple
 
@@ -94,12 +99,15 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     batch, heads_q, seqlen_q, head_dim = query.shape
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (query, key, value, options["sinks"]))
+    # The calls that train (fa.attention and fa.attention_varlen) take these too.
+    training = dict(options, deterministic=bool(kwargs.get("deterministic"))
+                    or os.environ.get("FLASH_ATTENTION_DETERMINISTIC") == "1")
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None and cu_k is not None:  # packed by the caller (padding-free collator)
         out = fa.attention_varlen(
             _rows(query), _rows(key), _rows(value), cu_q.to(torch.int32), cu_k.to(torch.int32),
-            _max_length(kwargs.get("max_length_q"), cu_q), _max_length(kwargs.get("max_length_k"), cu_k), **options)
+            _max_length(kwargs.get("max_length_q"), cu_q), _max_length(kwargs.get("max_length_k"), cu_k), **training)
         return out.view(batch, seqlen_q, heads_q, head_dim), None
 
     if attention_mask is not None:
@@ -120,20 +128,20 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             used, leftpad = used.to(torch.int32), leftpad.to(torch.int32)
             out = fa.attention_kvcache(query, key, value, used, cache_leftpad=leftpad, **options)
             return out.transpose(1, 2), None
-        return _padded_attention(query, key, value, mask, options), None
+        return _padded_attention(query, key, value, mask, training), None
 
     if seqlen_q > 1:
         cu = _packed_offsets(kwargs.get("position_ids"), batch, seqlen_q)
         if cu is not None:
             offsets, longest = cu
             out = fa.attention_varlen(_rows(query), _rows(key), _rows(value), offsets, offsets, longest, longest,
-                                      **options)
+                                      **training)
             return out.view(batch, seqlen_q, heads_q, head_dim), None
 
     if seqlen_q <= DECODE_QUERIES and seqlen_q < key.shape[2] and not needs_grad:  # decoding, no padding
         used = torch.full((batch,), key.shape[2], dtype=torch.int32, device=query.device)
         return fa.attention_kvcache(query, key, value, used, **options).transpose(1, 2), None
-    return fa.attention(query, key, value, **options).transpose(1, 2), None
+    return fa.attention(query, key, value, **training).transpose(1, 2), None
 
 
 def _model_name(module: torch.nn.Module) -> str:
