@@ -1,5 +1,5 @@
 """Small odd-length cases for compute-sanitizer (memcheck, racecheck, synccheck), in three parts;
-`python sanitize_case.py [dense] [varlen] [kvcache] [variants] [--dims=D,...] [--family=sm80|sm90]` runs the
+`python sanitize_case.py [dense] [varlen] [kvcache] [variants] [deterministic] [--dims=D,...] [--family=sm80|sm90]` runs the
 parts named (all without arguments; `forward` is dense's forward calls alone, for a change that
 touches only the forward kernels; --dims keeps dense's cases of those head dims; --family=sm90 runs
 dense's and varlen's cases on that kernel family alone, e.g. for racecheck, whose pass over every
@@ -32,7 +32,10 @@ a CTA (FA_MAX_SHARED_MEMORY) would run some of them.
 variants: sliding windows with sinks (window_size, sinks), half of them soft-capped (softcap), on the
 dense forward and backward of each head dim and family (left bounds inside a key tile and over
 several, right bounds, windows that leave rows no key, soft-capping without bounds), varlen, and
-the KV cache with one split and several."""
+the KV cache with one split and several.
+deterministic: backwards with deterministic=True (their key tiles wait for their turns to add to
+dQ: synccheck matters), at each head dim and family: GQA causal with many key tiles a query tile,
+odd lengths with Sq != Sk, a window with soft-capping, and varlen with empty sequences."""
 
 import os
 import sys
@@ -49,7 +52,8 @@ family_args = [a[len("--family="):] for a in sys.argv[1:] if a.startswith("--fam
 unknown = [a for a in sys.argv[1:] if a.startswith("--") and not a.startswith(("--dims=", "--family="))]
 if unknown:
     sys.exit(f"unknown option {unknown[0]}: the options are --dims=D,... and --family=sm80|sm90")
-parts = [a for a in sys.argv[1:] if not a.startswith("--")] or ["dense", "varlen", "kvcache", "variants"]
+parts = [a for a in sys.argv[1:] if not a.startswith("--")] or ["dense", "varlen", "kvcache", "variants",
+                                                                 "deterministic"]
 families = fa.build_info()["device_kernel_families"]
 if family_args:
     if family_args[0] not in families:
@@ -159,7 +163,31 @@ def variants():
     print("sanitize case done: variants, kvcache")
 
 
+def deterministic():
+    for family in families:
+        os.environ["FA_KERNEL_FAMILY"] = family
+        for (b, hq, hk, sq, sk, d, causal, window, softcap) in (
+                (1, 8, 1, 700, 700, 64, True, (-1, -1), 0.0), (2, 4, 2, 333, 1290, 64, False, (-1, -1), 0.0),
+                (1, 8, 2, 900, 900, 128, True, (-1, -1), 0.0), (1, 4, 4, 410, 1500, 128, False, (200, 100), 30.0),
+                (1, 4, 2, 500, 500, 256, True, (-1, -1), 0.0), (1, 4, 4, 300, 700, 256, False, (-1, -1), 0.0)):
+            if head_dims is not None and d not in head_dims:
+                continue
+            q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            k = torch.randn(b, hk, sk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            v = torch.randn(b, hk, sk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            out = fa.attention(q, k, v, causal=causal, window_size=window, softcap=softcap, deterministic=True)
+            out.backward(torch.randn_like(out))
+        lengths = [0, 77, 1, 530, 200, 3]
+        cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).int()
+        q = torch.randn(sum(lengths), 4, 128, device="cuda", dtype=torch.float16, requires_grad=True)
+        k = torch.randn(sum(lengths), 2, 128, device="cuda", dtype=torch.float16, requires_grad=True)
+        v = torch.randn(sum(lengths), 2, 128, device="cuda", dtype=torch.float16, requires_grad=True)
+        out = fa.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True, deterministic=True)
+        out.backward(torch.randn_like(out))
+        print(f"sanitize case done: deterministic, {family}")
+
+
 for part in parts:
     {"dense": dense, "forward": lambda: dense(backward=False), "varlen": varlen, "kvcache": kvcache,
-     "variants": variants}[part]()
+     "variants": variants, "deterministic": deterministic}[part]()
 torch.cuda.synchronize()
