@@ -58,16 +58,11 @@ CUTE_DEVICE void bulk_reduce_wait_read() {
 #endif
 }
 
-// Waits until all but the newest kPending of this thread's bulk reductions are complete (their
-// writes performed).
-template <int kPending>
-CUTE_DEVICE void bulk_reduce_wait() {
+// Waits until this thread's bulk reductions are complete.
+CUTE_DEVICE void bulk_reduce_wait_all() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(kPending) : "memory");
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 #endif
 }
-
-// Waits until this thread's bulk reductions are complete.
-CUTE_DEVICE void bulk_reduce_wait_all() { bulk_reduce_wait<0>(); }
 
 }  // namespace fa

@@ -278,12 +278,9 @@ struct BackwardLoad {
 //                 writing into it.
 // Config::kdQClaims: the workspace is not zeroed; the first key tile to come to a query tile stores
 // its partial, and the others add to it once that store is complete (common/dq_claims.h).
-// Deterministic: the key tiles add in turn, the first in the order storing (common/dq_claims.h).
-// The writer waits for a step's turn, issues its additions, and only then passes on the turn of the
-// step before, once those additions have completed (they had a step's time to): its wait for
-// their completion and its acquire of the next turn are not both in every step's path (a tile
-// holds a turn while it waits for the next, but only ever waits for tiles of lower index, which
-// wait for none of it).
+// Deterministic: the key tiles add in turn, the first in the order storing (common/dq_claims.h);
+// the writer waits for its turn, and passes it on at its next step (or the tile's end), once its
+// additions have completed.
 template <class Config, bool kCausal>
 struct BackwardDqWriter {
   static constexpr int kBarrierThreads = 128 + 32;
@@ -329,6 +326,7 @@ struct BackwardDqWriter {
         int state = kWritten;
         if (p.deterministic) {
           if (leader) {
+            publish();  // the step before's turn, before waiting for this one
             const int turn = dq_turn(mask, tile.n_block, step.m_block * Config::kBlockM, Config::kBlockN);
             dq_turn_wait(claim, turn);
             fence_view_async_global();  // the bulk operations after the acquire
@@ -360,16 +358,7 @@ struct BackwardDqWriter {
           __syncwarp();
           if (t + 1 < count) barrier_arrive(BackwardBarrier::kdQEmpty, kBarrierThreads, w);
         }
-        if (leader && p.deterministic) {
-          if (pending != nullptr) {  // the step before's turn, once its additions are complete
-            bulk_reduce_wait<kWarpgroups>();
-            fence_view_async_global();
-            dq_turn_pass(pending);
-          }
-          pending = claim;
-        } else if (leader && state == kUnclaimed) {
-          pending = claim;
-        }
+        if (leader && (state == kUnclaimed || p.deterministic)) pending = claim;
       }
       // Every copy of the tile has read its buffer before the next tile's first step writes into
       // them (and before the CTA exits); their additions in L2 complete on their own (as a TMA

@@ -251,18 +251,16 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrQt(_, _, _, q_stage),
                                                              tdKrdSt(_, _, _, buffer), acc_dk);
       float* dq_tile = p.dq_accum + steps.workspace_row(p, seq, batch, step) * Config::kHeadDim;
-      // Deterministic: the tile's turn, waited for while the tensor cores run the GEMMs above (the
-      // acquire's round trip to L2 is then off the step's path when the turn has come).
-      bool store = false;
-      if (p.deterministic) {
-        const int turn = dq_turn(mask, n_block, row_begin, kBlockN);
-        dq_turn_wait(turn_of(dq_tile), turn * kArrivals);
-        store = turn == 0;
-      }
       gemm_wait<2>(acc_dv);  // dV done: dO's buffer is free for the next step's
       pipeline_do.consumer_release(do_state);
       ++do_state;
       gemm_wait<1>(acc_dq);  // dQ's first slice done
+      bool store = false;
+      if (p.deterministic) {  // wait for the tile's turn
+        const int turn = dq_turn(mask, n_block, row_begin, kBlockN);
+        dq_turn_wait(turn_of(dq_tile), turn * kArrivals);
+        store = turn == 0;
+      }
       add_dq(dq_tile, 0, acc_dq, store);
       CUTE_UNROLL
       for (int s = 1; s < kSlices; ++s) {
