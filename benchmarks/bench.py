@@ -7,6 +7,8 @@
     python benchmarks/bench.py --suite variants     # sliding windows, soft-capping, sinks
     python benchmarks/bench.py --shapes 4,64,8192,128 --mode bwd --impl fa,cudnn,flash --interleave 2
     python benchmarks/bench.py --sweep --plot       # TFLOP/s against sequence length, PNG
+    python benchmarks/bench.py --suite full --mode bwd --impl fa,fa:FA_DETERMINISTIC=1,fa3,fa3-det --interleave 2
+                                                    # the deterministic backward beside the default and FA3's
 
 The quick suite: (1, 64, 1024, 128), (2, 64, 4096, 128) and (4, 64, 8192, 128) in bf16, forward
 and backward, non-causal and the last also causal, timed call by call beside FlashAttention-3 (when
