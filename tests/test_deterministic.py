@@ -190,6 +190,21 @@ def test_environment_variable(device, entry, monkeypatch):
         assert mode.flags == [True]
 
 
+def test_torch_deterministic_algorithms(device):
+    """torch.use_deterministic_algorithms(True) asks for the deterministic backward too."""
+    skip_unless_built(64, device)
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 2, 2, 33, 33, 64, torch.float16, device))
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        out = fa.attention(q, k, v, causal=True)
+        with _BackwardFlags() as mode:
+            out.sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert mode.flags == [True]
+
+
 def test_compile_fullgraph_deterministic(device):
     skip_unless_built(64, device)
     q, k, v = (t.requires_grad_() for t in random_qkv(1, 4, 2, 65, 65, 64, torch.bfloat16, device))

@@ -121,9 +121,9 @@ _VARIANT_ARGS = 4  # window_left, window_right, softcap, sinks: after causal in 
 
 
 def _deterministic(requested) -> bool:
-    """A deterministic backward: asked for by the call, or by FA_DETERMINISTIC in the environment
-    (read at each call; set and not "0" / "false")."""
-    if requested:
+    """A deterministic backward: asked for by the call, by ``torch.use_deterministic_algorithms(True)``,
+    or by FA_DETERMINISTIC in the environment (read at each call; set and not "0" / "false")."""
+    if requested or torch.are_deterministic_algorithms_enabled():
         return True
     value = os.environ.get("FA_DETERMINISTIC", "")
     return value not in ("", "0") and value.lower() != "false"

@@ -92,9 +92,9 @@ def attention(
             denominator as a key without a value (gpt-oss's attention sinks), differentiable. The
             returned ``lse`` includes it; a row that sees no key gets output 0 and ``lse = sink``.
         deterministic: a backward whose gradients are bit-identical from run to run (dQ's partial
-            sums added in a fixed order; on CUDA a few percent slower, docs/performance.md). The
-            forward always is. ``FA_DETERMINISTIC=1`` in the environment (read at each call) turns
-            it on for every call.
+            sums added in a fixed order; on CUDA slower, docs/performance.md). The forward always
+            is. ``torch.use_deterministic_algorithms(True)`` or ``FA_DETERMINISTIC=1`` in the
+            environment (read at each call) turns it on for every call.
         return_lse: also return the log-sum-exp of each row's scaled scores.
 
     Returns:
