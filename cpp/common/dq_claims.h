@@ -61,12 +61,18 @@ CUTE_DEVICE void dq_claim_wait_written(const int* claim) {
 #endif
 }
 
-// Publishes a claim whose store this thread issued: waits for all of its bulk operations to
-// complete (their writes performed), then releases kWritten.
-CUTE_DEVICE void dq_claim_publish(int* claim) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Waits until this thread's bulk operations are complete (their writes performed) and orders them
+// before its next release: what a claim's publication or a turn's pass (below) must follow.
+CUTE_DEVICE void bulk_writes_before_release() {
   bulk_reduce_wait_all();
   fence_view_async_global();
+}
+
+// Publishes a claim whose store this thread issued: once its bulk operations are complete,
+// releases kWritten.
+CUTE_DEVICE void dq_claim_publish(int* claim) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  bulk_writes_before_release();
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" :: "l"(claim), "r"(int(kWritten)) : "memory");
 #endif
 }
@@ -99,13 +105,9 @@ CUTE_DEVICE void dq_turn_pass(int* turn) {
 #endif
 }
 
-// dq_turn_pass for a turn whose addition this thread made by bulk operations: waits for them to
-// complete (their writes performed) first.
+// dq_turn_pass for a turn whose addition this thread made by bulk operations.
 CUTE_DEVICE void dq_turn_pass_bulk(int* turn) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  bulk_reduce_wait_all();
-  fence_view_async_global();
-#endif
+  bulk_writes_before_release();
   dq_turn_pass(turn);
 }
 
