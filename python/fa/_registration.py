@@ -145,8 +145,12 @@ def _sink_grad(sinks, grad_out, out, lse, head_dim_of_lse: int, valid_rows=None)
     return -weights.sum(dims)
 
 
-# `deterministic`: an input after the op's own of fa.attention's autograd.Function (api.py); a call
-# of the op itself takes FA_DETERMINISTIC at its backward.
+def _deterministic_of(ctx) -> bool:
+    """The backward's `deterministic`: fa.attention's autograd.Function (api.py) resolved it at the
+    forward and passed it as an input after the op's own; a call of the op itself resolves it now."""
+    return ctx.deterministic if ctx.deterministic is not None else _deterministic(False)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, softmax_scale, causal = inputs[:5]
     window_left, window_right, softcap, sinks = (tuple(inputs[5:9]) + (-1, -1, 0.0, None))[:_VARIANT_ARGS]
@@ -169,7 +173,7 @@ def _backward(ctx, grad_out, grad_lse):
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     dq, dk, dv = torch.ops.fa.backward.default(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
-                                               *ctx.variant, _deterministic(ctx.deterministic))
+                                               *ctx.variant, _deterministic_of(ctx))
     dsinks = None
     if sinks is not None and ctx.needs_input_grad[8]:
         dsinks = _sink_grad(sinks, grad_out, out, lse, 1)
@@ -202,7 +206,7 @@ def _varlen_backward(ctx, grad_out, grad_lse):
         grad_out = grad_out.contiguous()
     dq, dk, dv = torch.ops.fa.backward_varlen.default(
         grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, ctx.softmax_scale, ctx.causal,
-        *ctx.variant, _deterministic(ctx.deterministic)
+        *ctx.variant, _deterministic_of(ctx)
     )
     dsinks = None
     if sinks is not None and ctx.needs_input_grad[12]:
