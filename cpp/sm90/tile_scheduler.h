@@ -194,6 +194,14 @@ struct TileHandoff {
 //   Instead, longest first within sections of `section` (batch, kv head) pairs whose Q, dO and
 //   dQ workspace fit in L2 together: the section's first key tiles, then its second ones, and so
 //   on (only the last section's tail is left, and its tiles are the shortest).
+// - Deterministic (BackwardParams::deterministic) up to head dim 128, in sections as causal: there
+//   a unit's key tiles add to each query tile's dQ one after the other (common/dq_claims.h), each a
+//   little behind the one before, and with a unit's key tiles one after the other the ~gridDim.x
+//   tiles running at once are all the key tiles of a few units, whose waits chain (the last behind
+//   every other); in sections they are a few key tiles of each of `section` units. Measured on the
+//   non-causal rows: 0.90-0.99x of the default backward instead of 0.79-0.91x (docs/tried.md).
+//   Above head dim 128 the consumers wait for the turns themselves, and that wait, not the chain,
+//   is what the deterministic backward costs there; its order is the default one.
 struct BackwardTileOrder {
   struct Tile {
     int n_block;
@@ -205,13 +213,14 @@ struct BackwardTileOrder {
   Sections order;  // units: (batch, kv head) pairs, key tiles per unit
 
   // unit_bytes: what one (batch, kv head) streams through L2 (Q, dO and the dQ workspace of its
-  // query heads); l2_budget: how much of L2 the sections may fill.
-  static BackwardTileOrder make(int n_blocks, int heads, int batch, bool causal, int64_t unit_bytes,
+  // query heads); l2_budget: how much of L2 the sections may fill; sectioned: the causal (or
+  // deterministic) order, else each unit's tiles one after the other.
+  static BackwardTileOrder make(int n_blocks, int heads, int batch, bool sectioned, int64_t unit_bytes,
                                 int64_t l2_budget) {
     BackwardTileOrder o;
     o.heads = heads;
     const int units = heads * batch;
-    o.order = Sections::make(n_blocks, units, causal ? Sections::size_for(units, unit_bytes, l2_budget) : 1);
+    o.order = Sections::make(n_blocks, units, sectioned ? Sections::size_for(units, unit_bytes, l2_budget) : 1);
     return o;
   }
 
