@@ -359,6 +359,27 @@ def per_cycle_ratios(times: Dict[str, List[float]], reference: str) -> Dict[str,
     return out
 
 
+def time_interleaved(calls: Dict[str, Callable[[], object]], seconds: float, warmup_ms: float, min_cycles: int,
+                     clear: torch.Tensor, seed: int = 0) -> Tuple[Dict[str, List[float]], List[Tuple[float, float]]]:
+    """The calls timed call by call, each cycle in a new shuffled order: `warmup_ms` of cycles
+    untimed, then at least `min_cycles` cycles filling `seconds`. Returns each call's ms (in cycle
+    order) and the timed cycles' window (time.monotonic) for a clock sampler."""
+    # A cycle's time, from one cycle and then from the warm-up's: the first cycle can take far
+    # longer than the rest (lazy set-up in a backend), and a count of cycles taken from it alone
+    # left a small case's timed cycles a few ms long instead of `seconds`.
+    start = time.perf_counter()
+    run_cycles(calls, cycle_orders(calls, 1, seed + 1), clear)
+    cycle_ms = max(1e3 * (time.perf_counter() - start), 1e-3)
+    warm_cycles = max(1, math.ceil(warmup_ms / cycle_ms))  # one at least: it measures the cycle
+    start = time.perf_counter()
+    run_cycles(calls, cycle_orders(calls, warm_cycles, seed + 2), clear)
+    cycle_ms = max(1e3 * (time.perf_counter() - start) / warm_cycles, 1e-3)
+    cycles = max(min_cycles, math.ceil(1e3 * seconds / cycle_ms))
+    t0 = time.monotonic()
+    times = run_cycles(calls, cycle_orders(calls, cycles, seed), clear)
+    return times, [(t0, time.monotonic())]
+
+
 def benchmark_interleaved(cases: Sequence[Case], impls: Sequence[str], seconds: float, progress=None,
                           warmup: Optional[int] = None, seed: int = 0, sampler: Optional[Sampler] = None,
                           min_cycles: int = INTERLEAVE_MIN_CYCLES) -> Tuple[List[Result], List[str]]:
@@ -387,20 +408,7 @@ def benchmark_interleaved(cases: Sequence[Case], impls: Sequence[str], seconds: 
                 res.note = f"unavailable: {str(err).splitlines()[0][:80]}"
                 torch.cuda.empty_cache()
         if calls:
-            # A cycle's time, from one cycle and then from the warm-up's: the first cycle can take
-            # far longer than the rest (lazy set-up in a backend), and a count of cycles taken
-            # from it alone left a small case's timed cycles a few ms long instead of `seconds`.
-            start = time.perf_counter()
-            run_cycles(calls, cycle_orders(calls, 1, seed + 1), clear)
-            cycle_ms = max(1e3 * (time.perf_counter() - start), 1e-3)
-            warm_cycles = math.ceil(warmup / cycle_ms)
-            start = time.perf_counter()
-            run_cycles(calls, cycle_orders(calls, warm_cycles, seed + 2), clear)
-            cycle_ms = max(1e3 * (time.perf_counter() - start) / warm_cycles, 1e-3)
-            cycles = max(min_cycles, math.ceil(1e3 * seconds / cycle_ms))
-            t0 = time.monotonic()
-            times = run_cycles(calls, cycle_orders(calls, cycles, seed), clear)
-            window = [(t0, time.monotonic())]
+            times, window = time_interleaved(calls, seconds, warmup, min_cycles, clear, seed)
             vs_fa3 = per_cycle_ratios(times, "fa3")
             for impl, ts in times.items():
                 res = by_impl[impl]

@@ -13,7 +13,7 @@ Rows (bf16, Sq = Sk):
 
 TFLOP/s counts only the (query, key) pairs the mask lets through: 4 · B · H · pairs · D forward,
 2.5x that backward. Each dense row is timed call by call, the implementations in a new shuffled
-order each cycle (dense_suite.run_cycles), beside "fa plain": fa on the same inputs without the
+order each cycle (dense_suite.time_interleaved), beside "fa plain": fa on the same inputs without the
 variant (causal where the row's window is causal), the rate the issue's targets compare with. The
 decode row reports the window's K and V bytes / time against the copy bandwidth. Every fa output
 is checked against FA3's where FA3 runs the row, else against fa's CPU-path-equivalent float32
@@ -21,7 +21,6 @@ reference on a slice of heads.
 """
 
 import dataclasses
-import math
 from typing import Callable, Dict, List, Sequence
 
 import torch
@@ -135,18 +134,7 @@ def run_dense_rows(impls: Sequence[str], modes: Sequence[str], rows=None, second
                 torch.cuda.empty_cache()
             times: Dict[str, List[float]] = {}
             if calls:
-                dense_suite.run_cycles(calls, dense_suite.cycle_orders(list(calls), 3, 1), clear)
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                dense_suite.run_cycles(calls, dense_suite.cycle_orders(list(calls), 1, 2), clear)
-                end.record()
-                torch.cuda.synchronize()
-                cycle_ms = max(start.elapsed_time(end), 1e-3)
-                warm = math.ceil(WARMUP_MS / cycle_ms)
-                dense_suite.run_cycles(calls, dense_suite.cycle_orders(list(calls), warm, 3), clear)
-                cycles = max(MIN_CYCLES, math.ceil(1e3 * seconds / cycle_ms))
-                times = dense_suite.run_cycles(calls, dense_suite.cycle_orders(list(calls), cycles, 0), clear)
+                times, _ = dense_suite.time_interleaved(calls, seconds, WARMUP_MS, MIN_CYCLES, clear)
             fa_ms = None
             for impl in impls:
                 row = {"row": case.label, "shape": f"({case.batch}, {case.heads_q}/{case.heads_kv}, {case.seqlen}, "

@@ -180,6 +180,29 @@ def test_interleaved_cycles_orders_and_ratios():
         bench.parse_args(["--interleave", "-1"])
 
 
+def test_time_interleaved_warms_up_then_fills_the_seconds(monkeypatch):
+    """The timing loop both the dense and the variants suite use (dense_suite.time_interleaved): one
+    cycle to size the warm-up, the warm-up, then the timed cycles, each a shuffle of every call."""
+    runs = []
+
+    def fake_run_cycles(calls, orders, clear):
+        runs.append([list(o) for o in orders])
+        time.sleep(0.002 * len(orders))  # ~2 ms a cycle
+        return {impl: [float(i)] * len(orders) for i, impl in enumerate(calls)}
+
+    monkeypatch.setattr(dense_suite, "run_cycles", fake_run_cycles)
+    calls = {"fa": None, "fa3": None}
+    times, window = dense_suite.time_interleaved(calls, seconds=0.05, warmup_ms=10, min_cycles=3, clear=None)
+    sizing, warm, timed = runs
+    assert len(sizing) == 1 and 1 <= len(warm) <= 5  # ~10 ms of cycles of 2 ms or more
+    assert 3 <= len(timed) <= 25 and all(sorted(o) == ["fa", "fa3"] for o in timed)  # ~50 ms, 3 at least
+    assert times == {"fa": [0.0] * len(timed), "fa3": [1.0] * len(timed)}
+    assert len(window) == 1 and window[0][1] >= window[0][0]
+    runs.clear()
+    dense_suite.time_interleaved(calls, seconds=0.0, warmup_ms=0, min_cycles=4, clear=None)
+    assert [len(r) for r in runs] == [1, 1, 4]  # no warm-up asked: still one cycle to time one; min_cycles
+
+
 def test_clock_samples_go_to_the_timings_they_fall_in():
     sampler = timing.Sampler.__new__(timing.Sampler)  # no nvidia-smi here: the samples are fed by hand
     sampler.samples = []
