@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import fa
 from helpers import (assert_within_lowp_error, random_qkv, skip_unless_built, skip_unless_softcap_built,
                      variant_attention)
+from test_variants import run_and_grads
 
 RUNS = 20
 
@@ -28,10 +29,8 @@ CASE_IDS = ["gqa8-causal-d128", "odd-sq<sk-d64", "causal-d256", "full-d256", "wi
 
 
 def _grads(q, k, v, dout, causal, window, softcap, deterministic, sinks=None):
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out = fa.attention(*leaves, causal=causal, window_size=window, softcap=softcap, sinks=sinks,
-                       deterministic=deterministic)
-    return [out] + list(torch.autograd.grad(out, leaves, dout))
+    return run_and_grads(lambda a, b, c: fa.attention(a, b, c, causal=causal, window_size=window, softcap=softcap,
+                                                      sinks=sinks, deterministic=deterministic), (q, k, v), dout)
 
 
 def _assert_bit_identical(first, again, run):
@@ -52,11 +51,8 @@ def test_gradients_bit_identical(device, shape, causal, window, softcap, dtype):
     for run in range(1, runs):
         _assert_bit_identical(first, _grads(q, k, v, dout, causal, window, softcap, True), run)
     # Still the right gradients (the order changes the last bits only).
-    ref, lowp = [], []
-    for outputs, kind in ((ref, torch.float64), (lowp, dtype)):
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out = variant_attention(*leaves, causal, window, softcap, dtype=kind)[0]
-        outputs += [out] + list(torch.autograd.grad(out, leaves, dout.to(out.dtype)))
+    ref, lowp = (run_and_grads(lambda a, b, c: variant_attention(a, b, c, causal, window, softcap, dtype=kind)[0],
+                               (q, k, v), dout) for kind in (torch.float64, dtype))
     for name, g, r, lp in zip(("out", "dq", "dk", "dv"), first, ref, lowp):
         assert_within_lowp_error(name, g, r, lp)
 
@@ -83,9 +79,8 @@ def test_varlen_bit_identical(device, causal):
     dout = torch.randn_like(q)
 
     def grads():
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out = fa.attention_varlen(*leaves, cu, cu, longest, longest, causal=causal, deterministic=True)
-        return [out] + list(torch.autograd.grad(out, leaves, dout))
+        return run_and_grads(lambda a, b, c: fa.attention_varlen(a, b, c, cu, cu, longest, longest, causal=causal,
+                                                                 deterministic=True), (q, k, v), dout)
 
     first = grads()
     for run in range(1, RUNS if device != "cpu" else 3):
