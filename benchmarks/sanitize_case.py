@@ -1,5 +1,5 @@
-"""Small odd-length cases for compute-sanitizer (memcheck, racecheck, synccheck), in three parts;
-`python sanitize_case.py [dense] [varlen] [kvcache] [variants] [deterministic] [--dims=D,...] [--family=sm80|sm90]` runs the
+"""Small odd-length cases for compute-sanitizer (memcheck, racecheck, synccheck), in parts;
+`python sanitize_case.py [dense] [varlen] [kvcache] [variants] [deterministic] [headdimv] [--dims=D,...] [--family=sm80|sm90]` runs the
 parts named (all without arguments; `forward` is dense's forward calls alone, for a change that
 touches only the forward kernels; --dims keeps dense's cases of those head dims; --family=sm90 runs
 dense's and varlen's cases on that kernel family alone, e.g. for racecheck, whose pass over every
@@ -35,7 +35,11 @@ several, right bounds, windows that leave rows no key, soft-capping without boun
 the KV cache with one split and several.
 deterministic: backwards with deterministic=True (their key tiles wait for their turns to add to
 dQ: synccheck matters), at each head dim and family: GQA causal with many key tiles a query tile,
-odd lengths with Sq != Sk, a window with soft-capping, and varlen with empty sequences."""
+odd lengths with Sq != Sk, a window with soft-capping, and varlen with empty sequences.
+headdimv: v's head dim below q's and k's on the Hopper forward's pair kernels (FA_HEAD_DIM_PAIRS;
+skipped where none is built or the GPU is not sm90a), bf16: 192/128 and 160/96 (on 192/128),
+causal and not, odd lengths with Sq != Sk, GQA, a window with sinks, more query tiles than SMs
+(the output tile staged in Q's buffer), and varlen with empty sequences."""
 
 import os
 import sys
@@ -53,7 +57,7 @@ unknown = [a for a in sys.argv[1:] if a.startswith("--") and not a.startswith(("
 if unknown:
     sys.exit(f"unknown option {unknown[0]}: the options are --dims=D,... and --family=sm80|sm90")
 parts = [a for a in sys.argv[1:] if not a.startswith("--")] or ["dense", "varlen", "kvcache", "variants",
-                                                                 "deterministic"]
+                                                                 "deterministic", "headdimv"]
 families = fa.build_info()["device_kernel_families"]
 if family_args:
     if family_args[0] not in families:
@@ -187,7 +191,29 @@ def deterministic():
         print(f"sanitize case done: deterministic, {family}")
 
 
+def headdimv():
+    if "sm90" not in families or not fa.build_info()["sm90_head_dim_pairs"]:
+        print("sanitize case skipped: headdimv (no Hopper pair kernels here)")
+        return
+    os.environ["FA_KERNEL_FAMILY"] = "sm90"
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    for (b, hq, hk, sq, sk, d, dv) in ((1, 4, 2, 77, 133, 192, 128), (2, 4, 1, 700, 300, 160, 96),
+                                       (8, 16, 16, 1100, 500, 192, 128)):
+        for causal, window, sinks in ((False, (-1, -1), None), (True, (-1, 0), None),
+                                      (True, (100, 0), torch.randn(hq, device="cuda"))):
+            q, k = torch.randn(b, hq, sq, d, **bf16), torch.randn(b, hk, sk, d, **bf16)
+            fa.attention(q, k, torch.randn(b, hk, sk, dv, **bf16), causal=causal, window_size=window, sinks=sinks)
+    lengths_q, lengths_k = [0, 77, 1, 130, 200, 3], [61, 0, 133, 130, 5, 300]
+    cu_q = torch.tensor([0] + lengths_q, device="cuda").cumsum(0).int()
+    cu_k = torch.tensor([0] + lengths_k, device="cuda").cumsum(0).int()
+    q, k = torch.randn(sum(lengths_q), 4, 192, **bf16), torch.randn(sum(lengths_k), 2, 192, **bf16)
+    for causal in (False, True):
+        fa.attention_varlen(q, k, torch.randn(sum(lengths_k), 2, 128, **bf16), cu_q, cu_k, max(lengths_q),
+                            max(lengths_k), causal=causal)
+    print("sanitize case done: headdimv, sm90")
+
+
 for part in parts:
     {"dense": dense, "forward": lambda: dense(backward=False), "varlen": varlen, "kvcache": kvcache,
-     "variants": variants, "deterministic": deterministic}[part]()
+     "variants": variants, "deterministic": deterministic, "headdimv": headdimv}[part]()
 torch.cuda.synchronize()

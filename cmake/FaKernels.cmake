@@ -23,6 +23,11 @@
 #
 # The rows are in the order the units start to compile: the longest first (a build is as long as
 # its last unit to finish; measured on the 16-core H100 machine, docs/performance.md).
+#
+# FA_HEAD_DIM_PAIRS (D/Dv, Dv < D, both multiples of 64, D up to 256; default 192/128): Hopper
+# forward kernels for v's head dim below q's and k's, causal off and on, each dtype (entry
+# run_forward_dv, units sm90_fwd_hdim<D>v<Dv>_<dtype>[_causal]); a call runs on the smallest pair
+# that holds its D and Dv. Soft-capping and the backward have none yet.
 set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
 # The Hopper family's native head dims, forward and backward.
 set(FA_SM90_NATIVE_HEAD_DIMS 64 128 256)
@@ -50,6 +55,41 @@ list(APPEND FA_KERNEL_TABLE
   "sm80|fwd|run_forward|ForwardParams|causal"
 )
 set(FA_SUPPORTED_DTYPES fp16 bf16)
+
+set(FA_SM90_HEAD_DIM_PAIRS "")
+foreach(_pair IN LISTS FA_HEAD_DIM_PAIRS)
+  if(NOT _pair MATCHES "^([0-9]+)/([0-9]+)$")
+    message(FATAL_ERROR "fa: FA_HEAD_DIM_PAIRS entry '${_pair}' is not D/Dv (e.g. 192/128)")
+  endif()
+  set(_d ${CMAKE_MATCH_1})
+  set(_dv ${CMAKE_MATCH_2})
+  math(EXPR _d_rem "${_d} % 64")
+  math(EXPR _dv_rem "${_dv} % 64")
+  if(_d_rem OR _dv_rem OR _d GREATER 256 OR NOT _dv LESS _d OR _dv LESS 64)
+    message(FATAL_ERROR "fa: FA_HEAD_DIM_PAIRS entry '${_pair}': D and Dv must be multiples of 64, "
+                        "Dv < D <= 256")
+  endif()
+  if("90a" IN_LIST FA_CUDA_ARCHS)
+    list(APPEND FA_SM90_HEAD_DIM_PAIRS ${_pair})
+  endif()
+endforeach()
+
+# One translation unit: ${FA_GENERATED_DIR}/instantiations/<name>.cu instantiating
+# fa::<family>::<entry><<args>>(const fa::<params>&, cudaStream_t), compiled with <gencode>;
+# appended to _sources.
+macro(_fa_generate_unit name what family direction entry params args gencode)
+  set(FA_FAMILY ${family})
+  set(FA_DIRECTION ${direction})
+  set(FA_ENTRY ${entry})
+  set(FA_PARAMS ${params})
+  set(FA_TEMPLATE_ARGS "${args}")
+  set(FA_WHAT "${what}")
+  configure_file("${PROJECT_SOURCE_DIR}/cpp/instantiations/instantiation.cu.in"
+                 "${FA_GENERATED_DIR}/instantiations/${name}.cu" @ONLY)
+  list(APPEND _sources "${FA_GENERATED_DIR}/instantiations/${name}.cu")
+  set_source_files_properties("${FA_GENERATED_DIR}/instantiations/${name}.cu" PROPERTIES
+    COMPILE_OPTIONS "${gencode}")
+endmacro()
 
 foreach(_hdim IN LISTS FA_SOFTCAP_HEAD_DIMS)
   if(NOT _hdim IN_LIST FA_SUPPORTED_HEAD_DIMS)
@@ -87,6 +127,8 @@ foreach(_dtype IN LISTS FA_DTYPES)
 endforeach()
 
 set(FA_GENERATED_DIR "${CMAKE_CURRENT_BINARY_DIR}/generated")
+set(_fa_tag_fp16 Float16)
+set(_fa_tag_bf16 BFloat16)
 
 # fa_add_kernel_library(<target>): a static library of every instantiation above, and
 # ${FA_GENERATED_DIR}/fa/build_config.h, which tells the binding what the library holds.
@@ -117,11 +159,7 @@ function(fa_add_kernel_library target)
     endif()
     set(FA_CFG_${_family_dir} true)
     foreach(_dtype IN LISTS FA_DTYPES)
-      if(_dtype STREQUAL "fp16")
-        set(FA_TAG Float16)
-      else()
-        set(FA_TAG BFloat16)
-      endif()
+      set(FA_TAG ${_fa_tag_${_dtype}})
       foreach(FA_HDIM IN LISTS _row_head_dims)
         set(_causal_values false true)
         string(TOUPPER "${FA_FAMILY}" _family_up)
@@ -145,12 +183,28 @@ function(fa_add_kernel_library target)
           if(_causal STREQUAL "true")
             string(APPEND _name "_causal")
           endif()
-          configure_file("${PROJECT_SOURCE_DIR}/cpp/instantiations/instantiation.cu.in"
-                         "${FA_GENERATED_DIR}/instantiations/${_name}.cu" @ONLY)
-          list(APPEND _sources "${FA_GENERATED_DIR}/instantiations/${_name}.cu")
-          set_source_files_properties("${FA_GENERATED_DIR}/instantiations/${_name}.cu" PROPERTIES
-            COMPILE_OPTIONS "${_row_gencode}")
+          _fa_generate_unit(${_name} "${FA_WHAT}" ${FA_FAMILY} ${FA_DIRECTION} ${FA_ENTRY} ${FA_PARAMS}
+                            "${FA_TEMPLATE_ARGS}" "${_row_gencode}")
         endforeach()
+      endforeach()
+    endforeach()
+  endforeach()
+  # The Hopper forward's head dim pairs (FA_HEAD_DIM_PAIRS).
+  set(FA_CFG_SM90_HEAD_DIM_PAIRS "")
+  foreach(_pair IN LISTS FA_SM90_HEAD_DIM_PAIRS)
+    string(REPLACE "/" ";" _dims "${_pair}")
+    list(GET _dims 0 _d)
+    list(GET _dims 1 _dv)
+    string(APPEND FA_CFG_SM90_HEAD_DIM_PAIRS "${_d}, ${_dv}, ")
+    foreach(_dtype IN LISTS FA_DTYPES)
+      foreach(_causal false true)
+        set(_name "sm90_fwd_hdim${_d}v${_dv}_${_dtype}")
+        if(_causal)
+          string(APPEND _name "_causal")
+        endif()
+        _fa_generate_unit(${_name} "sm90 fwd, ${_fa_tag_${_dtype}}, head dims ${_d} (q, k) and ${_dv} (v), causal: ${_causal}"
+                          sm90 fwd run_forward_dv ForwardParams "fa::${_fa_tag_${_dtype}}, ${_d}, ${_dv}, ${_causal}, false"
+                          "-gencode=arch=compute_90a,code=sm_90a")
       endforeach()
     endforeach()
   endforeach()

@@ -1,6 +1,9 @@
 """A head dim of v (Dv) apart from q's and k's (D): DeepSeek's MLA prefill and training use D = 192,
-Dv = 128. The output takes Dv. The CPU path computes it (the reference for the kernels to come); the
-CUDA ops raise a clear error until their kernels take it."""
+Dv = 128. The output takes Dv. The CPU path computes everything (the reference); on CUDA the Hopper
+family's forward runs it on the kernels of FA_HEAD_DIM_PAIRS (a pair D'/Dv' with D' >= D, Dv' >= Dv),
+and every other CUDA path (the backward, the KV cache, the Ampere family) raises a clear error."""
+
+import os
 
 import pytest
 import torch
@@ -16,7 +19,28 @@ def qkv(b, hq, hk, sq, sk, d, dv, dtype, device, seed=0):
     return make(b, hq, sq, d), make(b, hk, sk, d), make(b, hk, sk, dv)
 
 
-CUDA_ERROR = "fa's CUDA kernels take one head dim for q, k and v"
+PAIR_ERROR = "fa's CUDA kernels for that are the Hopper family's forward"
+ONE_HEAD_DIM_ERROR = "take one head dim for q, k and v for now"
+
+
+def pair_forward_runs(device, d, dv):
+    """Whether the CUDA forward serves (d, dv): the Hopper family (FA_KERNEL_FAMILY, set per case by
+    the device fixture) and a built pair that holds both; else it raises PAIR_ERROR."""
+    if device == "cpu" or os.environ.get("FA_KERNEL_FAMILY") != "sm90":
+        return False
+    pairs = [tuple(int(x) for x in p.split("/")) for p in fa.build_info()["sm90_head_dim_pairs"]]
+    return any(pd >= d and pdv >= dv for pd, pdv in pairs)
+
+
+def check_forward(q, k, v, causal, window, sinks=None, magnitude=1.0):
+    out, lse = fa.attention(q, k, v, causal=causal, window_size=window, sinks=sinks, return_lse=True)
+    assert out.shape == q.shape[:3] + (v.shape[3],)
+    ref_out, ref_lse = variant_attention(q, k, v, causal, window, sinks=sinks)
+    lowp_out, _ = variant_attention(q, k, v, causal, window, sinks=sinks, dtype=q.dtype)
+    assert_within_lowp_error("out", out, ref_out, lowp_out)
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), seen.cpu())
+    assert (lse.double() - ref_lse)[seen].abs().max().item() < 1e-3 * magnitude ** 2
 
 
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, 0)), (True, (40, 0))],
@@ -27,15 +51,16 @@ def test_forward_and_gradients(device, shape, causal, window):
     b, hq, hk, sq, sk, d, dv = shape
     q, k, v = qkv(b, hq, hk, sq, sk, d, dv, torch.bfloat16, device)
     if device != "cpu":
-        with pytest.raises(RuntimeError, match=CUDA_ERROR):
-            fa.attention(q, k, v, causal=causal, window_size=window)
+        if not pair_forward_runs(device, d, dv):
+            with pytest.raises(RuntimeError, match=PAIR_ERROR):
+                fa.attention(q, k, v, causal=causal, window_size=window)
+            return
+        check_forward(q, k, v, causal, window)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        with pytest.raises(RuntimeError, match="fa.backward: .*" + ONE_HEAD_DIM_ERROR):
+            fa.attention(*leaves, causal=causal, window_size=window).sum().backward()
         return
-    out, lse = fa.attention(q, k, v, causal=causal, window_size=window, return_lse=True)
-    assert out.shape == (b, hq, sq, dv)
-    ref_out, ref_lse = variant_attention(q, k, v, causal, window)
-    lowp_out, _ = variant_attention(q, k, v, causal, window, dtype=q.dtype)
-    assert_within_lowp_error("out", out, ref_out, lowp_out)
-    assert (lse.double() - ref_lse).abs().max().item() < 1e-3
+    check_forward(q, k, v, causal, window)
     dout = torch.randn(b, hq, sq, dv, dtype=q.dtype)
     got = run_and_grads(lambda a, c, e: fa.attention(a, c, e, causal=causal, window_size=window), (q, k, v), dout)
     ref = run_and_grads(lambda a, c, e: variant_attention(a, c, e, causal, window)[0], (q, k, v), dout)
@@ -55,6 +80,32 @@ def test_output_layout_follows_q():
     assert out.shape == (1, 4, 50, 128) and out.transpose(1, 2).is_contiguous()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal,window,sinks", [(False, (-1, -1), False), (True, (-1, 0), False),
+                                                 (True, (300, 0), True), (False, (200, 150), False)],
+                         ids=["full", "causal", "window-sinks", "two-sided"])
+@pytest.mark.parametrize("shape", [(2, 8, 2, 333, 517, 192, 128), (1, 3, 3, 1000, 700, 192, 128),
+                                   (1, 4, 1, 257, 257, 160, 96)],
+                         ids=["gqa-sq<sk", "sq>sk", "d160-dv96"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_forward_tiles(device, shape, causal, window, sinks, dtype):
+    """The CUDA forward over several query and key tiles (odd lengths, GQA, rows that see no key
+    where sq > sk causal), masks, sinks, both dtypes, magnitudes of 4, against a float64 reference."""
+    if device == "cpu":
+        pytest.skip("the CPU path is tested above")
+    b, hq, hk, sq, sk, d, dv = shape
+    if not pair_forward_runs(device, d, dv):
+        pytest.skip("no Hopper pair kernel serves this here (FA_HEAD_DIM_PAIRS)")
+    q, k, v = (t * 4 for t in qkv(b, hq, hk, sq, sk, d, dv, dtype, device, seed=3))
+    sink = torch.randn(hq, device=device) if sinks else None
+    check_forward(q, k, v, causal, window, sinks=sink, magnitude=4.0)
+    # Strided views: q, k, v as (B, S, H, D) tensors seen through transpose(1, 2); the output's
+    # strides follow q's.
+    qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    out_t = fa.attention(qt, kt, vt, causal=causal, window_size=window, sinks=sink)
+    assert torch.equal(out_t, fa.attention(q, k, v, causal=causal, window_size=window, sinks=sink))
+
+
 def test_varlen(device):
     lens_q, lens_k = [1, 40, 0, 67], [5, 40, 3, 90]
     hq, hk, d, dv = 4, 2, 192, 128
@@ -67,8 +118,18 @@ def test_varlen(device):
     cu_q = torch.tensor([0, 1, 41, 41, 108], dtype=torch.int32, device=device)
     cu_k = torch.tensor([0, 5, 45, 48, 138], dtype=torch.int32, device=device)
     if device != "cpu":
-        with pytest.raises(RuntimeError, match=CUDA_ERROR):
-            fa.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+        if not pair_forward_runs(device, d, dv):
+            with pytest.raises(RuntimeError, match=PAIR_ERROR):
+                fa.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+            return
+        out = fa.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+        assert out.shape == (sum(lens_q), hq, dv)
+        for i in range(len(lens_q)):
+            rq, rk = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+            sub = [t[r].transpose(0, 1).unsqueeze(0) for t, r in ((q, rq), (k, rk), (v, rk))]
+            ref, _ = variant_attention(*sub, True)
+            lowp, _ = variant_attention(*sub, True, dtype=q.dtype)
+            assert_within_lowp_error(f"out[{i}]", out[rq].transpose(0, 1).unsqueeze(0), ref, lowp)
         return
     q.requires_grad_()
     k.requires_grad_()
@@ -116,7 +177,7 @@ def test_kvcache(device, paged):
                 v_paged[page_table[i, p]] = v_cache[i, :, p * 16:(p + 1) * 16].transpose(0, 1)
         k_cache, v_cache = k_paged, v_paged
     if device != "cpu":
-        with pytest.raises(RuntimeError, match=CUDA_ERROR):
+        with pytest.raises(RuntimeError, match="fa.forward_kvcache: .*" + ONE_HEAD_DIM_ERROR):
             fa.attention_kvcache(q, k_cache, v_cache, seqlens, page_table)
         return
     out = fa.attention_kvcache(q, k_cache, v_cache, seqlens, page_table, window_size=(10, 0))

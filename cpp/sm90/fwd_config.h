@@ -8,6 +8,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/transposed_layout.h"
+#include "fa/params.h"
 #include "sm90/mma_ops.h"
 #include "sm90/named_barriers.h"
 
@@ -16,10 +17,13 @@ namespace fa::sm90 {
 // Shared memory one CTA may use on sm90 (227 KB).
 inline constexpr int kMaxSmemBytes = 232448;
 
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+// kHeadDimV: v's and the output's head dim, where it is smaller than q's and k's (DeepSeek's
+// 192/128: FA_HEAD_DIM_PAIRS); the two GEMMs then have their own widths, and V its own buffers.
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kHeadDimV_ = kHeadDim_>
 struct ForwardConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kBlockM_;  // query rows of a tile: 64 per consumer warpgroup
   static constexpr int kBlockN = kBlockN_;  // keys per step
   static constexpr int kStages = kStages_;  // K and V buffers each
@@ -43,23 +47,29 @@ struct ForwardConfig {
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
   using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TileV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimV>>;
+  using TileO = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDimV>>;
   using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>;
 
   // Rows of 64 elements (128 bytes) in the 128-byte swizzle that wgmma and TMA both read
-  // without bank conflicts; the head dim is a multiple of 64.
-  static_assert(kHeadDim % 64 == 0);
+  // without bank conflicts; the head dims are multiples of 64. The output may be staged in Q's
+  // buffer (below), so it is no wider than Q.
+  static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 && kHeadDimV <= kHeadDim);
   using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, TileQ{}));
-  // The output tile has Q's layout; each consumer warpgroup stores its 64 rows on its own, so the
-  // TMA store sees one 64-row slice of that layout.
-  using TileOWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDim>>;
+  // The output tile (Q's layout where the head dims are one); each consumer warpgroup stores its
+  // 64 rows on its own, so the TMA store sees one 64-row slice of that layout.
+  using SmemLayoutO = decltype(cute::tile_to_shape(SmemAtom{}, TileO{}));
+  using TileOWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDimV>>;
   using SmemLayoutOWarpgroup = decltype(cute::composition(
-      SmemLayoutQ{}, cute::make_layout(TileOWarpgroup{}, cute::Stride<cute::_1, cute::Int<kBlockM>>{})));
+      SmemLayoutO{}, cute::make_layout(TileOWarpgroup{}, cute::Stride<cute::_1, cute::Int<kBlockM>>{})));
   using SmemLayoutKV = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  using SmemLayoutV = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimV>, cute::Int<kStages>>{}));
   // V as the B operand of O += P V: (head dim, keys), the same bytes read with head dim as the
   // contiguous (MN-major) mode.
-  using SmemLayoutVt = TransposedLayout<SmemLayoutKV>;
+  using SmemLayoutVt = TransposedLayout<SmemLayoutV>;
 
   // S = Q Kᵀ with K from shared memory and Q from registers where they allow (kQInRegisters),
   // else from shared memory too; O += P V with P from registers. Each consumer warpgroup owns 64
@@ -79,7 +89,7 @@ struct ForwardConfig {
   using MmaSAtom = std::conditional_t<kQInRegisters, decltype(rs_op<Element, MmaSShape>()),
                                       decltype(ss_op<Element, MmaSShape>())>;
   using TiledMmaS = decltype(cute::make_tiled_mma(MmaSAtom{}, MmaWarpgroups{}));
-  using MmaOAtom = decltype(rs_op<Element, cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+  using MmaOAtom = decltype(rs_op<Element, cute::Shape<cute::_64, cute::Int<kHeadDimV>, cute::Int<kBlockN>>,
                                   cute::GMMA::Major::K, cute::GMMA::Major::MN>());
   using TiledMmaO = decltype(cute::make_tiled_mma(MmaOAtom{}, MmaWarpgroups{}));
   // One warpgroup's share of O += P V: the same per-thread accumulator layout as TiledMmaO, over
@@ -89,30 +99,34 @@ struct ForwardConfig {
   using KVPipeline = cutlass::PipelineTmaAsync<kStages>;
   // Whether the non-causal kernel can run on CTA pairs that share K and V (fwd_launch.h): at
   // D = 64 (192-row tiles) they measured no faster, and the kernel leaves their code out.
-  static constexpr bool kPairs = kHeadDim >= 128;
+  // Not with two head dims (their kernels are launched without pairs).
+  static constexpr bool kPairs = kHeadDim >= 128 && kHeadDimV == kHeadDim;
 
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr int kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kOBytes = kBlockM * kHeadDimV * sizeof(Element);
+  static constexpr int kKTileBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kVTileBytes = kBlockN * kHeadDimV * sizeof(Element);
   static constexpr int kQElems = decltype(cute::cosize(SmemLayoutQ{}))::value;
+  static constexpr int kOElems = decltype(cute::cosize(SmemLayoutO{}))::value;
   static constexpr int kKVElems = decltype(cute::cosize(SmemLayoutKV{}))::value;
+  static constexpr int kVElems = decltype(cute::cosize(SmemLayoutV{}))::value;
 
   // The output tile is staged in shared memory for its TMA store. Where Q, the K/V stages and a
   // separate output tile fit, it has its own buffer (the next tile's Q can load while this one's
   // output is written); otherwise it reuses Q's, which is free once the last S = Q Kᵀ is done.
-  static constexpr bool kOutputAliasesQ =
-      2 * kQBytes + 2 * kStages * kKVTileBytes + 1024 > kMaxSmemBytes;
+  static constexpr int kKVBytes = kStages * (kKTileBytes + kVTileBytes);
+  static constexpr bool kOutputAliasesQ = kQBytes + kOBytes + kKVBytes + 1024 > kMaxSmemBytes;
   // Q's buffers: two where a second one fits beside the output tile (the next tile's Q then loads
   // while this tile runs, and the producer goes on to the next tile's K and V at once; with one,
   // both wait until this tile's last S = Q Kᵀ is done), else one.
-  static constexpr int kQStages =
-      !kOutputAliasesQ && 3 * kQBytes + 2 * kStages * kKVTileBytes + 1024 <= kMaxSmemBytes ? 2 : 1;
+  static constexpr int kQStages = !kOutputAliasesQ && 2 * kQBytes + kOBytes + kKVBytes + 1024 <= kMaxSmemBytes ? 2 : 1;
 
   struct Empty {};
   struct SharedStorage {
     cute::array_aligned<Element, kQElems * kQStages, 1024> q;
     cute::array_aligned<Element, kKVElems, 1024> k;
-    cute::array_aligned<Element, kKVElems, 1024> v;
-    std::conditional_t<kOutputAliasesQ, Empty, cute::array_aligned<Element, kQElems, 1024>> o;
+    cute::array_aligned<Element, kVElems, 1024> v;
+    std::conditional_t<kOutputAliasesQ, Empty, cute::array_aligned<Element, kOElems, 1024>> o;
     typename KVPipeline::SharedStorage pipeline_k;
     typename KVPipeline::SharedStorage pipeline_v;
     uint64_t q_full[kQStages];   // transaction barrier of each Q buffer
@@ -171,5 +185,11 @@ struct ForwardConfig {
     }
   }
 };
+
+// v's and the output's head dim (the call's): p.head_dim where the kernel has one head dim.
+template <class Config>
+CUTE_HOST_DEVICE int head_dim_v(const ForwardParams& p) {
+  return Config::kHeadDimV == Config::kHeadDim ? p.head_dim : p.head_dim_v;
+}
 
 }  // namespace fa::sm90

@@ -16,6 +16,7 @@
 #include "common/sequence.h"
 #include "fa/params.h"
 #include "sm90/fragments.h"
+#include "sm90/fwd_config.h"
 #include "sm90/named_barriers.h"
 #include "sm90/row_store.h"
 #include "sm90/tile_scheduler.h"
@@ -32,7 +33,7 @@ struct ForwardEpilogue {
     using namespace cute;
     typename Config::TiledMmaO mma_o;
     return rowcol_view(mma_o.get_thread_slice(mma_tid).partition_C(
-        make_identity_tensor(typename Config::TileQ{})));
+        make_identity_tensor(typename Config::TileO{})));
   }
 
   template <int kRows>
@@ -61,7 +62,7 @@ struct ForwardEpilogue {
     const int warpgroup = mma_tid / 128;
     const bool issuer = mma_tid % 128 == 0;  // the thread of this warpgroup that issues its stores
     Tensor sO = local_tile(
-        make_tensor(make_smem_ptr(Config::output_buffer(smem)), typename Config::SmemLayoutQ{}),
+        make_tensor(make_smem_ptr(Config::output_buffer(smem)), typename Config::SmemLayoutO{}),
         typename Config::TileOWarpgroup{}, make_coord(warpgroup, _0{}));  // this warpgroup's rows
     if constexpr (!Config::kOutputAliasesQ) {
       // The previous tile's store must have read the buffer before it is written again.
@@ -83,10 +84,10 @@ struct ForwardEpilogue {
       const int first_row = w.m_block * kBlockM + warpgroup * 64;
       Element* out = static_cast<Element*>(p.out) + seq.q_offset(p.out_stride, w.batch, w.head) +
                      int64_t(first_row) * p.out_stride.row;
-      store_rows<64, Config::kHeadDim>(sO, out, p.out_stride.row, seq.seqlen_q - first_row, p.head_dim,
-                                       mma_tid % 128, 128);
+      store_rows<64, Config::kHeadDimV>(sO, out, p.out_stride.row, seq.seqlen_q - first_row,
+                                        head_dim_v<Config>(p), mma_tid % 128, 128);
     } else if (issuer) {
-      Tensor mO = params.tma_o.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
+      Tensor mO = params.tma_o.get_tma_tensor(make_shape(p.seqlen_q, head_dim_v<Config>(p), p.heads_q, p.batch));
       Tensor gO = local_tile(mO(_, _, w.head, w.batch), typename Config::TileOWarpgroup{},
                              make_coord(w.m_block * Config::kMmaWarpgroups + warpgroup, _0{}));
       auto [tOgO, tOsO] = tma_partition(params.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
@@ -115,7 +116,7 @@ struct ForwardEpilogue {
     CUTE_UNROLL
     for (int i = 0; i < size(coords); ++i) {
       const int row = get<0>(coords(i)), col = get<1>(coords(i));
-      if (row < rows_left && col < p.head_dim) out[row * p.out_stride.row + col] = Element(0.f);
+      if (row < rows_left && col < head_dim_v<Config>(p)) out[row * p.out_stride.row + col] = Element(0.f);
     }
   }
 

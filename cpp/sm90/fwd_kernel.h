@@ -86,7 +86,7 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
   const WarpgroupTurns<Config::kMmaWarpgroups> turns(consumer);
   typename KVPipeline::PipelineState k_state, v_state;
   typename Config::TiledMmaO mma_o;
-  Tensor acc_o = partition_fragment_C(mma_o, typename Config::TileQ{});
+  Tensor acc_o = partition_fragment_C(mma_o, typename Config::TileO{});
   constexpr int kRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
 
   int q_loads = 0;
@@ -143,10 +143,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       if constexpr (Config::kQStages > 1) cutlass::arch::ClusterBarrier::init(&smem.q_empty[stage], Config::kMmaThreads);
     }
   }
-  const auto pipeline_params = tma_pipeline_params<KVPipeline>(Config::kKVTileBytes, Config::kMmaThreads);
+  const auto k_params = tma_pipeline_params<KVPipeline>(Config::kKTileBytes, Config::kMmaThreads);
+  auto v_params = k_params;  // V's tiles are kHeadDimV wide
+  v_params.transaction_bytes = Config::kVTileBytes;
   if constexpr (kCausal) {
-    KVPipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
-    KVPipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    KVPipeline pipeline_k(smem.pipeline_k, k_params, Shape<_1, _1, _1>{});
+    KVPipeline pipeline_v(smem.pipeline_v, v_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before any role uses them
     run_roles<Config, kCausal, kSoftcap>(params, smem, pipeline_k, pipeline_v);
   } else {
@@ -155,8 +157,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     const int arrivals = params.pair == 1 ? Config::kMmaThreads : 2 * Config::kMmaWarpgroups;
     init_pipeline_barriers<KVPipeline>(smem.pipeline_k, arrivals);
     init_pipeline_barriers<KVPipeline>(smem.pipeline_v, arrivals);
-    KVPipeline pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{}, cute::false_type{});
-    KVPipeline pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{}, cute::false_type{});
+    KVPipeline pipeline_k(smem.pipeline_k, k_params, Shape<_1, _1, _1>{}, cute::false_type{});
+    KVPipeline pipeline_v(smem.pipeline_v, v_params, Shape<_1, _1, _1>{}, cute::false_type{});
     cute::cluster_arrive_relaxed();  // both CTAs' barriers initialised before either uses them
     cute::cluster_wait();
     run_roles<Config, kCausal, kSoftcap>(params, smem, pipeline_k, pipeline_v);

@@ -169,6 +169,8 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   const auto* v = static_cast<const Element*>(p.v);
   auto* out = static_cast<Element*>(p.out);
   auto kv_stage = take<0, 2>(typename Config::SmemLayoutKV{});
+  auto v_stage = take<0, 2>(typename Config::SmemLayoutV{});
+  const int dv = head_dim_v<Config>(p);
   // A varlen batch's packed tensors are one batch entry of total rows (fwd_load.h offsets each
   // sequence's tiles); its output is not stored by TMA (fwd_epilogue.h), tma_o is then unused.
   const auto [rows_q, rows_k, batches] = TensorExtents::of(p);
@@ -176,9 +178,9 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
                              tma_view<Element>(q, p.q_stride, rows_q, p.head_dim, p.heads_q, batches),
                              typename Config::SmemLayoutQ{}, typename Config::TileQ{}, _1{});
   const auto k_view = tma_view<Element>(k, p.k_stride, rows_k, p.head_dim, p.heads_kv, batches);
-  const auto v_view = tma_view<Element>(v, p.v_stride, rows_k, p.head_dim, p.heads_kv, batches);
+  const auto v_view = tma_view<Element>(v, p.v_stride, rows_k, dv, p.heads_kv, batches);
   auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, k_view, kv_stage, typename Config::TileKV{}, _1{});
-  auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_view, kv_stage, typename Config::TileKV{}, _1{});
+  auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_view, v_stage, typename Config::TileV{}, _1{});
   // Half of a K or V tile each, multicast to both CTAs of a pair (fwd_load.h): encoded only where
   // pairs launch (below), left empty otherwise.
   auto pair_copy = [&](auto const& view) {
@@ -186,7 +188,7 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   };
   using PairCopy = decltype(pair_copy(k_view));
   auto tma_o = make_tma_copy(SM90_TMA_STORE{},
-                             tma_view<Element>(out, p.out_stride, rows_q, p.head_dim, p.heads_q, batches),
+                             tma_view<Element>(out, p.out_stride, rows_q, dv, p.heads_q, batches),
                              typename Config::SmemLayoutOWarpgroup{}, typename Config::TileOWarpgroup{}, _1{});
 
   int sms = 0;
@@ -199,7 +201,7 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   const bool dynamic = kCausal || p.cu_seqlens_q != nullptr;
   const int m_blocks = (p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM;
   const int64_t kv_bytes_per_head =
-      2ll * p.seqlen_k * Config::kHeadDim * sizeof(Element) / (p.heads_q / p.heads_kv);
+      int64_t(p.seqlen_k) * (Config::kHeadDim + Config::kHeadDimV) * sizeof(Element) / (p.heads_q / p.heads_kv);
   Params params{p,
                 TileScheduler::make_params(m_blocks, p.heads_q, p.batch, kCausal, kv_bytes_per_head,
                                            dynamic ? p.tile_counter : nullptr),
@@ -216,18 +218,20 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   config.dynamicSmemBytes = kSmem;
   config.stream = stream;
   cudaLaunchAttribute cluster[1];
-  const char* pairs_env = std::getenv("FA_SM90_FWD_PAIRS");
-  if (Config::kPairs && !dynamic && m_blocks % 2 == 0 && !(pairs_env != nullptr && pairs_env[0] == '0')) {
-    int pairs = 0;
-    err = max_cta_pairs<Config>(kernel, config, cluster, pairs);
-    if (err != cudaSuccess) return err;
-    if (pairs > 0) {
-      params.pair = 2;
-      params.tma_k_pair = pair_copy(k_view);
-      params.tma_v_pair = pair_copy(v_view);
-      config.gridDim.x = std::max(2, std::min<int>(config.gridDim.x, 2 * pairs) / 2 * 2);
-    } else {
-      config.numAttrs = 0;
+  if constexpr (Config::kPairs) {  // one head dim: V's tiles are K's shape
+    const char* pairs_env = std::getenv("FA_SM90_FWD_PAIRS");
+    if (!dynamic && m_blocks % 2 == 0 && !(pairs_env != nullptr && pairs_env[0] == '0')) {
+      int pairs = 0;
+      err = max_cta_pairs<Config>(kernel, config, cluster, pairs);
+      if (err != cudaSuccess) return err;
+      if (pairs > 0) {
+        params.pair = 2;
+        params.tma_k_pair = pair_copy(k_view);
+        params.tma_v_pair = pair_copy(v_view);
+        config.gridDim.x = std::max(2, std::min<int>(config.gridDim.x, 2 * pairs) / 2 * 2);
+      } else {
+        config.numAttrs = 0;
+      }
     }
   }
   return cudaLaunchKernelEx(&config, kernel, params);
@@ -250,6 +254,24 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
   }
   return launch_forward<ForwardConfigOf<Element, kHeadDim, ForwardTile<kHeadDim, kCausal>>, kCausal, kSoftcap>(
       params, stream);
+}
+
+// Two head dims (kHeadDimV < kHeadDim: FA_HEAD_DIM_PAIRS, DeepSeek's 192/128): 128 × 128 with two
+// stages where it fits (at 192/128, with the output tile in Q's buffer: 208 KB), else 128 × 80.
+// Q is read from shared memory (ForwardConfig::kQInRegisters: at most head dim 128).
+template <class Element, int kHeadDim, int kHeadDimV>
+struct ForwardTileDv {
+  static constexpr int kBlockM = 128, kStages = 2;
+  static constexpr int kBlockN =
+      (kBlockM * kHeadDim + kStages * 128 * (kHeadDim + kHeadDimV)) * int(sizeof(Element)) + 1024 <= kMaxSmemBytes ? 128 : 80;
+};
+
+template <class ElementTag, int kHeadDim, int kHeadDimV, bool kCausal, bool kSoftcap>
+cudaError_t run_forward_dv(const ForwardParams& params, cudaStream_t stream) {
+  using Element = cutlass_element_t<ElementTag>;
+  using Tile = ForwardTileDv<Element, kHeadDim, kHeadDimV>;
+  return launch_forward<ForwardConfig<Element, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kStages, kHeadDimV>,
+                        kCausal, kSoftcap>(params, stream);
 }
 
 }  // namespace fa::sm90

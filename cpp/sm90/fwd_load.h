@@ -20,6 +20,7 @@
 
 #include "common/attention_mask.h"
 #include "common/sequence.h"
+#include "sm90/fwd_config.h"
 #include "sm90/named_barriers.h"
 #include "sm90/tile_scheduler.h"
 
@@ -42,14 +43,14 @@ struct ForwardLoad {
     const TensorExtents ext = TensorExtents::of(p);
     Tensor mQ = params.tma_q.get_tma_tensor(make_shape(ext.rows_q, p.head_dim, p.heads_q, ext.batches));
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
-    Tensor mV = params.tma_v.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
+    Tensor mV = params.tma_v.get_tma_tensor(make_shape(ext.rows_k, head_dim_v<Config>(p), p.heads_kv, ext.batches));
     // Whether tile t lies past its sequence's rows (varlen: the order covers the longest sequence).
     auto past_its_sequence = [&](int t) {
       const WorkTile w = TileScheduler::tile(params.scheduler, t);
       return w.m_block * Config::kBlockM >= Sequence::of(p, w.batch).seqlen_q;
     };
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutV{});
 
     auto k_state = cutlass::make_producer_start_state<KVPipeline>();
     auto v_state = cutlass::make_producer_start_state<KVPipeline>();
@@ -112,7 +113,7 @@ struct ForwardLoad {
       Tensor gQ = local_tile(q_rows(mQ, w.head), typename Config::TileQ{}, make_coord(w.m_block, _0{}));
       Tensor gK = local_tile(k_rows(mK, w.head / group), typename Config::TileKV{},
                              make_coord(_, _0{}));  // (kBlockN, D, key tiles)
-      Tensor gV = local_tile(k_rows(mV, w.head / group), typename Config::TileKV{}, make_coord(_, _0{}));
+      Tensor gV = local_tile(k_rows(mV, w.head / group), typename Config::TileV{}, make_coord(_, _0{}));
       const int q_stage = q_loads % Config::kQStages;
       Tensor sQ = make_tensor(make_smem_ptr(Config::query_buffer(smem, q_stage)), typename Config::SmemLayoutQ{});
       auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include <cuda_runtime_api.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>  // aoti_torch_get_current_cuda_stream (USE_CUDA)
@@ -125,11 +126,13 @@ int kernel_head_dim(int64_t head_dim, const char* op) {
   return best;
 }
 
-// The kernels that serve a call: a family, its kernel head dim, and whether they soft-cap.
+// The kernels that serve a call: a family, its kernel head dim, whether they soft-cap, and v's
+// kernel head dim where it is apart from q's and k's (the Hopper forward's FA_HEAD_DIM_PAIRS; else 0).
 struct Kernels {
   Family family;
   int head_dim;
   bool softcap = false;
+  int head_dim_v = 0;
 };
 
 // The Ampere family's soft-capping kernel for a call, or a clear error where this build has none
@@ -244,11 +247,70 @@ cudaError_t dispatch(ScalarType dtype, const Kernels& kernels, bool causal, cons
   });
 }
 
-// The kernels take one head dim for q, k and v: v's may differ on the CPU path alone for now.
+// The backward and KV-cache kernels take one head dim for q, k and v (v's may differ in the Hopper
+// family's forward and on the CPU path).
 void check_one_head_dim(const AttentionShape& s, const char* op) {
   FA_CHECK(s.head_dim_v == s.head_dim, op, ": v's head_dim ", str_of(s.head_dim_v), " differs from q's and k's ",
-           str_of(s.head_dim), "; fa's CUDA kernels take one head dim for q, k and v for now (the CPU path ",
-           "takes both)");
+           str_of(s.head_dim), "; fa's CUDA kernels for ", op, " take one head dim for q, k and v for now (the ",
+           "Hopper family's forward and the CPU path take both)");
+}
+
+// The Hopper forward's kernels for v's head dim apart from q's and k's: the smallest pair D'/Dv' of
+// FA_HEAD_DIM_PAIRS with D' >= D and Dv' >= Dv (its tiles zero-fill the columns past D and Dv), or a
+// clear error where none serves the call (no such pair, another GPU, FA_KERNEL_FAMILY=sm80, softcap).
+Kernels pair_forward_kernels(const std::string& arch, const AttentionShape& s, bool softcap, const char* op) {
+  std::string built;
+  int best_d = 0, best_dv = 0;
+  for (std::size_t i = 0; build_config::kSm90ForwardHeadDimPairs[i] != 0; i += 2) {
+    const int d = build_config::kSm90ForwardHeadDimPairs[i], dv = build_config::kSm90ForwardHeadDimPairs[i + 1];
+    built += " " + str_of(int64_t(d)) + "/" + str_of(int64_t(dv));
+    if (d >= s.head_dim && dv >= s.head_dim_v && (best_d == 0 || d < best_d || (d == best_d && dv < best_dv))) {
+      best_d = d;
+      best_dv = dv;
+    }
+  }
+  const std::string want = family_setting(op);
+  const std::string why = arch != "90a" ? "the device is sm_" + arch + ", not sm_90a"
+                          : want == "sm80" ? std::string("FA_KERNEL_FAMILY=sm80")
+                          : softcap ? std::string("softcap has no such kernels yet")
+                          : best_d == 0 ? std::string("no pair holds them")
+                          : std::string();
+  FA_CHECK(why.empty(), op, ": v's head_dim ", str_of(s.head_dim_v), " differs from q's and k's ",
+           str_of(s.head_dim), "; fa's CUDA kernels for that are the Hopper family's forward (sm90a) for the ",
+           "head dim pairs D/Dv of FA_HEAD_DIM_PAIRS (this build:", built.empty() ? std::string(" none") : built,
+           "), and ", why);
+  return {Family::kSm90, best_d, false, best_dv};
+}
+
+// Calls fn(ElementTag{}, integral_constant<D>{}, integral_constant<Dv>{}, bool_constant<causal>{})
+// for a pair's kernels (the pairs cmake/FaKernels.cmake admits; those this build holds).
+template <class Fn>
+cudaError_t dispatch_pair(ScalarType dtype, const Kernels& kernels, bool causal, const char* op, Fn&& fn) {
+  auto with_dims = [&](auto tag) -> cudaError_t {
+#define FA_PAIR_CASE(D, DV)                                                                        \
+  if constexpr (build_config::has_sm90_head_dim_pair(D, DV)) {                                     \
+    if (kernels.head_dim == D && kernels.head_dim_v == DV) {                                       \
+      using Dims = std::pair<std::integral_constant<int, D>, std::integral_constant<int, DV>>;     \
+      if (causal) return fn(tag, typename Dims::first_type{}, typename Dims::second_type{}, std::true_type{}); \
+      return fn(tag, typename Dims::first_type{}, typename Dims::second_type{}, std::false_type{}); \
+    }                                                                                              \
+  }
+    FA_PAIR_CASE(128, 64)
+    FA_PAIR_CASE(192, 64)
+    FA_PAIR_CASE(192, 128)
+    FA_PAIR_CASE(256, 64)
+    FA_PAIR_CASE(256, 128)
+    FA_PAIR_CASE(256, 192)
+#undef FA_PAIR_CASE
+    fail(op, ": no kernel for head dims ", str_of(int64_t(kernels.head_dim)), "/", str_of(int64_t(kernels.head_dim_v)));
+  };
+  if constexpr (build_config::kFloat16) {
+    if (dtype == ScalarType::Half) return with_dims(Float16{});
+  }
+  if constexpr (build_config::kBFloat16) {
+    if (dtype == ScalarType::BFloat16) return with_dims(BFloat16{});
+  }
+  fail(op, ": this build has no kernels for ", dtype_name(dtype), " (FA_DTYPES)");
 }
 
 void check_grid_limits(const AttentionShape& s, const char* op) {
@@ -280,6 +342,7 @@ void fill_forward_params(ForwardParams& p, const Tensor& q, const Tensor& k, con
   p.seqlen_q = static_cast<int>(s.seqlen_q);
   p.seqlen_k = static_cast<int>(s.seqlen_k);
   p.head_dim = static_cast<int>(s.head_dim);
+  p.head_dim_v = static_cast<int>(s.head_dim_v);
   p.scale = scale;
   p.scale_log2 = scale * static_cast<float>(M_LOG2E);
 }
@@ -316,9 +379,16 @@ void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kerne
       // A memset node rather than torch's fill kernel: less host time per call.
       check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), op);
     }
-    err = dispatch<Family::kSm90, Direction::kForward>(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto c, auto sc) {
-      return sm90::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value, decltype(sc)::value>(p, stream);
-    });
+    if (kernels.head_dim_v != 0) {
+      err = dispatch_pair(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto hdv, auto c) {
+        return sm90::run_forward_dv<decltype(tag), decltype(hd)::value, decltype(hdv)::value, decltype(c)::value,
+                                    false>(p, stream);
+      });
+    } else {
+      err = dispatch<Family::kSm90, Direction::kForward>(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto c, auto sc) {
+        return sm90::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value, decltype(sc)::value>(p, stream);
+      });
+    }
   } else {
     err = dispatch<Family::kSm80, Direction::kForward>(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto c, auto sc) {
       return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value, decltype(sc)::value>(p, stream);
@@ -339,7 +409,10 @@ void forward_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, const
   const Tensor v = aligned_for_kernels(v_in);
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
   set_variant(p, variant, Direction::kForward);
-  run_forward_kernels(p, q, forward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant.causal_kernels(), op);
+  const bool softcap = variant.softcap > 0;
+  const Kernels kernels = s.head_dim_v != s.head_dim ? pair_forward_kernels(arch, s, softcap, op)
+                                                     : forward_kernels(arch, s.head_dim, softcap, op);
+  run_forward_kernels(p, q, kernels, variant.causal_kernels(), op);
 }
 
 std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -347,7 +420,6 @@ std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, 
                                         int64_t window_right, double softcap, std::optional<Tensor> sinks) {
   constexpr const char* op = "fa.forward";
   const AttentionShape s = check_forward_inputs(q_in, k_in, v_in);
-  check_one_head_dim(s, op);
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
@@ -368,7 +440,6 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor&
   constexpr const char* op = "fa.forward_varlen";
   const VarlenShape s = check_varlen_inputs(op, q_in, k_in, v_in, cu_seqlens_q_in, cu_seqlens_k_in,
                                             max_seqlen_q, max_seqlen_k);
-  check_one_head_dim(s, op);
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());

@@ -77,6 +77,8 @@ def build_info() -> Dict[str, Any]:
             family: [int(d) for d in _split(getattr(cfg, f"{family}_softcap_head_dims", ""))] if cfg else []
             for family in ("sm80", "sm90")
         },
+        # The Hopper forward's kernels for v's head dim below q's and k's, as "D/Dv" (FA_HEAD_DIM_PAIRS).
+        "sm90_head_dim_pairs": _split(getattr(cfg, "sm90_head_dim_pairs", "")) if cfg else [],
         "lineinfo": bool(cfg) and cfg.lineinfo.upper() in ("ON", "TRUE", "1"),
         "device": None,
         "device_kernel_family": None,

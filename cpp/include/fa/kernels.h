@@ -52,6 +52,11 @@ namespace sm90 {
 template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
 
+// q and k with head dim kHeadDim, v and the output with kHeadDimV < kHeadDim (params.head_dim_v):
+// the pairs of FA_HEAD_DIM_PAIRS (DeepSeek's 192/128).
+template <class ElementTag, int kHeadDim, int kHeadDimV, bool kCausal, bool kSoftcap>
+cudaError_t run_forward_dv(const ForwardParams& params, cudaStream_t stream);
+
 // Native head dims 64 and 128; params.lse_log2 must be set, and the dQ workspace is laid out in
 // the kernel's own tile order (sm90/bwd_config.h), not row-major.
 template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
