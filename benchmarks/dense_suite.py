@@ -49,10 +49,18 @@ class Case:
     causal: bool
     mode: str  # "fwd" or "bwd"
     dtype: str = "float16"
+    head_dim_v: int = 0  # v's head dim where it differs from q's and k's (DeepSeek's 192/128), else 0
 
     @property
     def shape(self) -> Tuple[int, int, int, int]:
         return (self.batch, self.heads, self.seqlen, self.head_dim)
+
+    @property
+    def label(self) -> str:
+        """The shape as the tables print it: (B, H, S, D), or (B, H, S, D/Dv)."""
+        if not self.head_dim_v:
+            return str(self.shape)
+        return f"({self.batch}, {self.heads}, {self.seqlen}, {self.head_dim}/{self.head_dim_v})"
 
 
 @dataclasses.dataclass
@@ -74,6 +82,10 @@ class Result:
 
 def tflops(case: Case, ms: float) -> float:
     b, h, s, d = case.shape
+    # With two head dims a head's forward is 2·Sq·Sk·(D + Dv): the D of attention_flops' 4·Sq·Sk·D
+    # is their mean.
+    if case.head_dim_v:
+        d = (d + case.head_dim_v) / 2
     return attention_flops(b, h, s, s, d, case.causal, case.mode) / (ms * 1e-3) / 1e12
 
 
@@ -174,7 +186,9 @@ def round_orders(impls: Sequence[str], rounds: int) -> List[List[str]]:
 def make_inputs(case: Case, device="cuda", requires_grad=False):
     dtype = getattr(torch, case.dtype)
     gen = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(case.shape, device=device, dtype=dtype, generator=gen) for _ in range(3))
+    q, k = (torch.randn(case.shape, device=device, dtype=dtype, generator=gen) for _ in range(2))
+    v_shape = case.shape[:3] + (case.head_dim_v or case.head_dim,)
+    v = torch.randn(v_shape, device=device, dtype=dtype, generator=gen)
     if requires_grad:
         for t in (q, k, v):
             t.requires_grad_()
@@ -473,7 +487,7 @@ def markdown_table(results: Sequence[Result]) -> str:
     for r in results:
         c = r.case
         lines.append(
-            f"| {c.dtype} | {c.shape} | {int(c.causal)} | {c.mode} | {r.impl} | {_fmt(r.ms, '.3f')} | "
+            f"| {c.dtype} | {c.label} | {int(c.causal)} | {c.mode} | {r.impl} | {_fmt(r.ms, '.3f')} | "
             f"{_fmt(r.tflops, '.0f')} | {_fmt(r.speedup_vs_naive, '.2f')} | {_fmt(r.ratio_to_cudnn, '.2f')} | "
             f"{_fmt(r.ratio_to_fa3, '.2f')} | " + (f"{r.vs_fa3_cycles} | " if cycles else "") +
             f"{_fmt(r.extra_mem_mb, '.0f')} | " +
@@ -544,14 +558,15 @@ def causal_values(arg: str) -> List[bool]:
     return {"0": [False], "1": [True], "both": [False, True]}[arg]
 
 
-def parse_shapes(text: str) -> List[Tuple[int, int, int, int]]:
-    """'B,H,S,D;B,H,S,D' (or '/' between shapes, for shells and scripts that split at ';')."""
+def parse_shapes(text: str) -> List[Tuple[int, ...]]:
+    """'B,H,S,D;B,H,S,D' (or '/' between shapes, for shells and scripts that split at ';'); a fifth
+    number is v's head dim where it differs from D ('1,128,8192,192,128')."""
     shapes = []
     for part in text.replace(" ", "").replace("/", ";").split(";"):
         if part:
             dims = tuple(int(x) for x in part.strip("()").split(","))
-            if len(dims) != 4:
-                raise argparse.ArgumentTypeError(f"shape '{part}' is not B,H,S,D")
+            if len(dims) not in (4, 5):
+                raise argparse.ArgumentTypeError(f"shape '{part}' is not B,H,S,D or B,H,S,D,Dv")
             shapes.append(dims)
     return shapes
 
@@ -559,7 +574,7 @@ def parse_shapes(text: str) -> List[Tuple[int, int, int, int]]:
 def build_cases(args) -> List[Case]:
     if args.sweep:
         return [c for dtype in args.dtypes for c in sweep_cases(dtype, args.causal_values, args.modes)]
-    return [Case(*shape, causal, mode, dtype) for dtype in args.dtypes
+    return [Case(*shape[:4], causal, mode, dtype, *shape[4:]) for dtype in args.dtypes
             for shape in args.shapes for causal in args.causal_values for mode in args.modes]
 
 
@@ -618,6 +633,6 @@ def wide_table(results: Sequence[Result], fa_impl: str = "fa") -> str:
         vs = (f"{best.ms / fa.ms:.2f}x {IMPL_TITLES.get(best.impl, best.impl)}"
               if fa is not None and fa.ms and best is not None else "")
         cells = [_fmt(row[i].tflops, ".0f") if i in row and row[i].tflops else "–" for i in impls]
-        lines.append(f"| {case.mode} | {case.dtype} | {case.shape} | {int(case.causal)} | "
+        lines.append(f"| {case.mode} | {case.dtype} | {case.label} | {int(case.causal)} | "
                      f"{_fmt(fa.ms if fa else None, '.3f')} | " + " | ".join(cells) + f" | {vs} |")
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """The benchmark's and the profiler's arithmetic and outputs, on the CPU."""
 
+import argparse
 import csv
 import json
 import os
@@ -35,6 +36,10 @@ def test_tflops_matches_reference_numbers():
     case = dense_suite.Case(4, 64, 8192, 128, causal=False, mode="fwd")
     assert dense_suite.tflops(case, 25.6) == pytest.approx(343.6, abs=0.1)
     assert dense_suite.tflops(dense_suite.Case(4, 64, 8192, 128, False, "bwd"), 72.0) == pytest.approx(305.4, abs=0.1)
+    # Two head dims: 2·B·H·Sq·Sk·(D + Dv) a forward, i.e. the D of the formula is their mean.
+    dv = dense_suite.Case(1, 128, 8192, 192, True, "fwd", "bfloat16", head_dim_v=128)
+    assert dense_suite.tflops(dv, 1.0) == pytest.approx(2 * 128 * 8192**2 * (192 + 128) / 2 / 1e-3 / 1e12)
+    assert dv.label == "(1, 128, 8192, 192/128)" and dense_suite.Case(1, 2, 3, 4, False, "fwd").label == "(1, 2, 3, 4)"
 
 
 def test_ratios_and_table(tmp_path):
@@ -92,6 +97,10 @@ def test_arguments():
     assert [c.shape for c in dense_suite.build_cases(args)] == [(1, 2, 3, 4), (5, 6, 7, 8)]
     assert args.suite == "full"  # --shapes and --sweep time dense shapes with the full suite's machinery
     assert dense_suite.parse_shapes("1,2,3,4/5,6,7,8") == args.shapes  # for scripts that split at ';'
+    dv_args = bench.parse_args(["--shapes", "1,128,8192,192,128", "--causal", "1", "--mode", "fwd"])
+    assert [(c.shape, c.head_dim_v) for c in dense_suite.build_cases(dv_args)] == [((1, 128, 8192, 192), 128)] * len(dv_args.dtypes)
+    with pytest.raises(argparse.ArgumentTypeError):
+        dense_suite.parse_shapes("1,2,3")
     default_args = bench.parse_args(["--suite", "full"])  # the full suite: every dense shape, both dtypes
     default = dense_suite.build_cases(default_args)
     assert len(default) == len(dense_suite.DEFAULT_SHAPES) * 2 * 2 * 2 and default[0] == dense_suite.Case(1, 64, 1024, 128, False, "fwd")
