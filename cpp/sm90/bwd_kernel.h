@@ -22,7 +22,8 @@
 //   warpgroup 0, warp 0   producer (bwd_load.h): K, V per key tile; Q + lse and dO + delta per step
 //                         through two kStages-deep pipelines. 24 registers a thread.
 //                warp 1   dQ writer (bwd_load.h): adds the consumers' staged dQ tiles to the
-//                         workspace by bulk reductions (not above head dim 128, see below).
+//                         workspace by bulk reductions (not above head dim 128, see below);
+//                         above, in a deterministic call, the turn keeper (bwd_load.h).
 //                warps 2, 3  where the pre-pass left units to the main kernel (D = 64 and 256:
 //                         Config::kRowsInMainKernel, BackwardParams::unit_ready): prepare their
 //                         rows (delta, lse_log2, the zeroed workspace or claims;
@@ -322,15 +323,19 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // take this grid's SMs as its CTAs exit.
   if (warp != 0) wait_for_prior_grid();
   allow_dependent_grid();
-  // The next key tile's index, from the producer warp to the consumers and the dQ writer.
+  // The next key tile's index, from the producer warp to the consumers and warp 1 (the dQ writer,
+  // or the turn keeper of a deterministic call).
+  const bool keeper = Config::kdQFromRegisters && params.attn.deterministic;
   const BackwardTileHandoff<32 + Config::kMmaThreads, !Config::kdQFromRegisters> handoff{
-      &smem.next_tile, &smem.writer_tile_full, &smem.writer_tile_empty};
+      &smem.next_tile, &smem.writer_tile_full, &smem.writer_tile_empty, keeper};
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegisters>();
     if (warp == 0) BackwardLoad<Config, kCausal>::run(params, smem, pipeline_q, pipeline_do, handoff);
     if constexpr (!Config::kdQFromRegisters) {
       if (warp == 1) BackwardDqWriter<Config, kCausal>::run(params, smem, handoff);
+    } else {
+      if (warp == 1 && keeper) BackwardTurnKeeper<Config, kCausal>::run(params, handoff);
     }
     // Warps 2 and 3 prepare the rows of the units the pre-pass left (BackwardParams::unit_ready).
     if constexpr (Config::kRowsInMainKernel) {
@@ -343,7 +348,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   cutlass::arch::warpgroup_reg_alloc<Config::kMmaRegisters>();
   if constexpr (Config::kSplitHeadDim) {
-    backward_mma_split<Config, kCausal, kSoftcap>(params, smem, pipeline_q, pipeline_do, handoff);
+    if (params.attn.deterministic) {
+      backward_mma_split<Config, kCausal, kSoftcap, true>(params, smem, pipeline_q, pipeline_do, handoff);
+    } else {
+      backward_mma_split<Config, kCausal, kSoftcap, false>(params, smem, pipeline_q, pipeline_do, handoff);
+    }
   } else {
     backward_mma_keys<Config, kCausal, kSoftcap>(params, smem, pipeline_q, pipeline_do, handoff);
   }

@@ -111,9 +111,8 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   const int64_t unit_bytes = int64_t(group) * p.seqlen_q_rounded * kHeadDim * (2 * sizeof(Element) + sizeof(float));
   const int n_blocks = (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
   if (int64_t(n_blocks) * p.heads_kv * p.batch > INT32_MAX) return cudaErrorInvalidConfiguration;  // a 1-D grid
-  // Deterministic up to head dim 128, the order is in sections even where not causal
-  // (tile_scheduler.h says why).
-  const bool sectioned = kCausal || (p.deterministic && !Config::kSplitHeadDim);
+  // Deterministic, the order is in sections even where not causal (tile_scheduler.h says why).
+  const bool sectioned = kCausal || p.deterministic;
   const auto order = BackwardTileOrder::make(n_blocks, p.heads_kv, p.batch, sectioned, unit_bytes, l2_budget);
   // Persistent: about one CTA per SM, each taking key tiles of the order until none is left.
   int sms = 0;

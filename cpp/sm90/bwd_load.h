@@ -27,11 +27,12 @@
 
 namespace fa::sm90 {
 
-// The hand-over of a persistent CTA's next key tile from the producer warp to the consumers and,
-// kWriter, the dQ writer: one shared-memory slot, refilled once every reader has read it. The
-// consumers wait and arrive on two named barriers with the producer warp, as TileHandoff
-// (tile_scheduler.h); the dQ writer, which runs other code, on two mbarriers of one arrival each
-// (writer_tile_full from the producer, writer_tile_empty from the writer): every named barrier then
+// The hand-over of a persistent CTA's next key tile from the producer warp to the consumers and
+// warp 1: the dQ writer (kWriter) or, where there is none, the turn keeper of a deterministic call
+// (`keeper`; BackwardTurnKeeper). One shared-memory slot, refilled once every reader has read it.
+// The consumers wait and arrive on two named barriers with the producer warp, as TileHandoff
+// (tile_scheduler.h); warp 1, which runs other code, on two mbarriers of one arrival each
+// (writer_tile_full from the producer, writer_tile_empty from warp 1): every named barrier then
 // has one place in the code that waits on it (compute-sanitizer's synccheck reports a barrier
 // waited on at two places as divergent threads).
 template <int kThreads, bool kWriter>
@@ -39,18 +40,21 @@ struct BackwardTileHandoff {
   int* slot;
   uint64_t* writer_full;
   uint64_t* writer_empty;
+  bool keeper;  // !kWriter: warp 1 takes the hand-overs (a runtime choice: deterministic calls only)
+
+  CUTE_DEVICE bool to_warp1() const { return kWriter || keeper; }
 
   // Producer warp, hand-over number `handed` (from 0). Before the first the slot is free; after
   // it, wait until the previous index is read.
   CUTE_DEVICE void publish(int next, int handed) const {
     if (handed > 0) {
       barrier_sync(BackwardBarrier::kTileEmpty, kThreads);
-      if constexpr (kWriter) cutlass::arch::ClusterBarrier::wait(writer_empty, (handed - 1) % 2);
+      if (to_warp1()) cutlass::arch::ClusterBarrier::wait(writer_empty, (handed - 1) % 2);
     }
     const bool leader = cute::elect_one_sync();
     if (leader) *slot = next;
     barrier_arrive(BackwardBarrier::kTileFull, kThreads);
-    if constexpr (kWriter) {
+    if (to_warp1()) {
       if (leader) cutlass::arch::ClusterBarrier::arrive(writer_full);
     }
   }
@@ -63,8 +67,8 @@ struct BackwardTileHandoff {
     return next;
   }
 
-  // The dQ writer warp, hand-over number `received` (from 0).
-  CUTE_DEVICE int receive_in_writer(int received) const {
+  // Warp 1, hand-over number `received` (from 0).
+  CUTE_DEVICE int receive_in_warp1(int received) const {
     cutlass::arch::ClusterBarrier::wait(writer_full, received % 2);
     const int next = *slot;
     __syncwarp();
@@ -302,7 +306,7 @@ struct BackwardDqWriter {
     };
     int received = 0;
     for (int tile_index = blockIdx.x; tile_index < params.order.size();
-         tile_index = handoff.receive_in_writer(received++)) {
+         tile_index = handoff.receive_in_warp1(received++)) {
       const auto tile = params.order.tile(tile_index);
       const Sequence seq = Sequence::of(p, tile.batch);
       const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, tile.n_block, tile.head_kv);
@@ -368,6 +372,44 @@ struct BackwardDqWriter {
         else bulk_reduce_wait_read();
       }
       __syncwarp();
+    }
+  }
+};
+
+// The turn keeper (warp 1 of the producer warpgroup where the consumers add dQ from registers,
+// Config::kdQFromRegisters, and there is no dQ writer; deterministic calls only). Per step it waits
+// until the step's dQ tile has counted the turns of the key tiles before this one
+// (common/dq_claims.h), while the consumers compute the step; tells them (kTurnReady: they wait
+// only where the turn has not come); and once they have added their partial (kTurnDone, arrived
+// at as they go on) passes the turn. The consumers' 8 warps neither spin on the count in global
+// memory nor release it, and the wait for the next step's turn starts as soon as this one is
+// passed.
+template <class Config, bool kCausal>
+struct BackwardTurnKeeper {
+  static constexpr int kBarrierThreads = Config::kMmaThreads + 32;
+
+  template <class Params, class Handoff>
+  CUTE_DEVICE static void run(Params const& params, Handoff const& handoff) {
+    const BackwardParams& p = params.attn;
+    const bool leader = cute::elect_one_sync();
+    int received = 0;
+    for (int tile_index = blockIdx.x; tile_index < params.order.size();
+         tile_index = handoff.receive_in_warp1(received++)) {
+      const auto tile = params.order.tile(tile_index);
+      const Sequence seq = Sequence::of(p, tile.batch);
+      const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, tile.n_block, tile.head_kv);
+      const int count = tile.n_block * Config::kBlockN < seq.seqlen_k ? steps.count : 0;
+      const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
+      // A unit the main kernel prepares: its turn counts zeroed before the first wait on them.
+      if (Config::kRowsInMainKernel && count > 0) wait_unit_prepared(p, tile.batch * p.heads_kv + tile.head_kv);
+      for (auto step = steps.first_step(); step.t < count; steps.advance(step)) {
+        int* const turns = p.dq_claims + steps.workspace_row(p, seq, tile.batch, step) / kDqClaimRows;
+        if (leader) dq_turn_wait(turns, dq_turn(mask, tile.n_block, step.m_block * Config::kBlockM, Config::kBlockN));
+        __syncwarp();
+        barrier_arrive(BackwardBarrier::kTurnReady, kBarrierThreads);
+        barrier_sync(BackwardBarrier::kTurnDone, kBarrierThreads);
+        if (leader) dq_turn_pass(turns);  // release: the consumers' additions, ordered by the barrier
+      }
     }
   }
 };

@@ -66,7 +66,10 @@ CUTE_DEVICE void forget_values(Tensor& t) {
   for (int i = 0; i < cute::size(t); ++i) asm volatile("" : "=f"(t(i)));
 }
 
-template <class Config, bool kCausal, bool kSoftcap, class Params, class Storage, class Handoff>
+// kDeterministic: BackwardParams::deterministic, as two instances of this loop that the kernel
+// chooses between at run time (with the turns' branches inside one loop, the default backward's
+// schedule moved and its causal rows ran 1.2-1.4% slower: docs/tried.md).
+template <class Config, bool kCausal, bool kSoftcap, bool kDeterministic, class Params, class Storage, class Handoff>
 CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typename Config::Pipeline& pipeline_q,
                                     typename Config::PipelinedO& pipeline_do, Handoff const& handoff) {
   static_assert(Config::kSplitHeadDim && Config::kdQFromRegisters);
@@ -131,19 +134,11 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
                                                        acc_dq(i + 3));
     });
   };
-  // Deterministic (common/dq_claims.h): the turn count of a dQ tile, each of the consumer warps
-  // arriving once its threads' additions to the tile are done (a warp's lanes synchronise, one
-  // releases).
-  constexpr int kArrivals = Config::kMmaThreads / 32;
-  auto turn_of = [&](const float* dq_tile) {
-    return p.dq_claims + (dq_tile - p.dq_accum) / (Config::kHeadDim * kDqClaimRows);
-  };
-  auto pass_turn = [&](const float* dq_tile) {
-    // The warp's barrier as an asm statement: the compiler keeps it after the additions' (asm
-    // volatile statements keep their order), which carry no memory clobber.
-    asm volatile("bar.warp.sync -1;\n" ::: "memory");
-    if (mma_tid % 32 == 0) dq_turn_pass(turn_of(dq_tile));
-  };
+  // Deterministic (common/dq_claims.h): the turn keeper (warp 1, bwd_load.h) says when a step's dQ
+  // tile is this key tile's turn (kTurnReady), and passes the turn on once every consumer thread
+  // has arrived at kTurnDone after its additions (an asm statement, as the additions are: the
+  // compiler keeps their order).
+  constexpr int kKeeperThreads = BackwardTurnKeeper<Config, kCausal>::kBarrierThreads;
 
   typename Config::Pipeline::PipelineState q_state;   // run on from one key tile to the next
   typename Config::PipelinedO::PipelineState do_state;
@@ -186,7 +181,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       // reductions read); the drain runs under S all the same.
       if (t > 0) {
         add_dq(dq_tile_last, kSlices - 1, acc_dq, store_last);
-        if (p.deterministic) pass_turn(dq_tile_last);
+        if constexpr (kDeterministic) barrier_arrive(BackwardBarrier::kTurnDone, kKeeperThreads);
       }
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) row_lse[r] = lse_log2[get<0>(score_coords(r, 0))];
@@ -256,10 +251,9 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       ++do_state;
       gemm_wait<1>(acc_dq);  // dQ's first slice done
       bool store = false;
-      if (p.deterministic) {  // wait for the tile's turn
-        const int turn = dq_turn(mask, n_block, row_begin, kBlockN);
-        dq_turn_wait(turn_of(dq_tile), turn * kArrivals);
-        store = turn == 0;
+      if constexpr (kDeterministic) {  // wait for the tile's turn
+        store = dq_turn(mask, n_block, row_begin, kBlockN) == 0;
+        barrier_sync(BackwardBarrier::kTurnReady, kKeeperThreads);
       }
       add_dq(dq_tile, 0, acc_dq, store);
       CUTE_UNROLL
@@ -276,7 +270,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
     }
     if (steps.count > 0) {
       add_dq(dq_tile_last, kSlices - 1, acc_dq, store_last);
-      if (p.deterministic) pass_turn(dq_tile_last);
+      if constexpr (kDeterministic) barrier_arrive(BackwardBarrier::kTurnDone, kKeeperThreads);
     }
 
     // dKᵀ and dVᵀ to K's and V's buffers through their transposed views (stmatrix .trans).

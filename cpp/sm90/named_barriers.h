@@ -29,8 +29,11 @@ enum class BackwardBarrier : uint32_t {
   kEpilogue = 5,  // both warpgroups are done with K and V (dK and dV are staged in their place)
   kTileFull = 6,  // producer -> consumers: the next key tile's index is in shared memory
   kTileEmpty = 7, // consumers -> producer: they have read it (the dQ writer has mbarriers instead)
+  kTurnReady = 8, // turn keeper -> consumers: the step's dQ tile is this key tile's turn (deterministic,
+                  // above head dim 128: bwd_load.h, BackwardTurnKeeper)
+  kTurnDone = 9,  // consumers -> turn keeper: their additions to that tile are done
 };
-static_assert(static_cast<uint32_t>(BackwardBarrier::kTileEmpty) + 1 < 16);
+static_assert(static_cast<uint32_t>(BackwardBarrier::kTurnDone) + 1 < 16);
 
 inline constexpr uint32_t kFirstHardwareBarrier = 1;
 

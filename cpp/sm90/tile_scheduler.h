@@ -194,14 +194,13 @@ struct TileHandoff {
 //   Instead, longest first within sections of `section` (batch, kv head) pairs whose Q, dO and
 //   dQ workspace fit in L2 together: the section's first key tiles, then its second ones, and so
 //   on (only the last section's tail is left, and its tiles are the shortest).
-// - Deterministic (BackwardParams::deterministic) up to head dim 128, in sections as causal: there
-//   a unit's key tiles add to each query tile's dQ one after the other (common/dq_claims.h), each a
-//   little behind the one before, and with a unit's key tiles one after the other the ~gridDim.x
-//   tiles running at once are all the key tiles of a few units, whose waits chain (the last behind
-//   every other); in sections they are a few key tiles of each of `section` units. Measured on the
-//   non-causal rows: 0.90-0.99x of the default backward instead of 0.79-0.91x (docs/tried.md).
-//   Above head dim 128 the consumers wait for the turns themselves, and that wait, not the chain,
-//   is what the deterministic backward costs there; its order is the default one.
+// - Deterministic (BackwardParams::deterministic), in sections as causal: there a unit's key tiles
+//   add to each query tile's dQ one after the other (common/dq_claims.h), each a little behind the
+//   one before, and with a unit's key tiles one after the other the ~gridDim.x tiles running at
+//   once are all the key tiles of a few units, whose waits chain (the last behind every other); in
+//   sections they are a few key tiles of each of `section` units. Measured on the non-causal rows:
+//   0.90-0.99x of the default backward instead of 0.79-0.91x at head dim 128 and below, 0.93-0.94x
+//   instead of 0.84-0.90x at 256 (docs/tried.md).
 struct BackwardTileOrder {
   struct Tile {
     int n_block;
