@@ -271,6 +271,24 @@ struct BackwardLoad {
   }
 };
 
+// Warp 1's walk over its CTA's key tiles (the dQ writer's and the turn keeper's), as the hand-over
+// gives them: fn(tile, seq, steps, count, mask) for each, count 0 where a varlen sequence has no key
+// in the tile.
+template <class Config, bool kCausal, class Params, class Handoff, class Fn>
+CUTE_DEVICE void for_each_key_tile_in_warp1(Params const& params, Handoff const& handoff, Fn&& fn) {
+  const BackwardParams& p = params.attn;
+  int received = 0;
+  for (int tile_index = blockIdx.x; tile_index < params.order.size();
+       tile_index = handoff.receive_in_warp1(received++)) {
+    const auto tile = params.order.tile(tile_index);
+    const Sequence seq = Sequence::of(p, tile.batch);
+    const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, tile.n_block, tile.head_kv);
+    const int count = tile.n_block * Config::kBlockN < seq.seqlen_k ? steps.count : 0;
+    const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
+    fn(tile, seq, steps, count, mask);
+  }
+}
+
 // The dQ writer (warp 1 of the producer warpgroup): adds each consumer warpgroup's staged dQ tile
 // of each step to the fp32 workspace with one bulk reduction (cp.reduce.async.bulk), so that the
 // consumers only write their tile and arrive (bar.arrive) instead of waiting for the reduction's
@@ -304,14 +322,8 @@ struct BackwardDqWriter {
       }
       pending = nullptr;
     };
-    int received = 0;
-    for (int tile_index = blockIdx.x; tile_index < params.order.size();
-         tile_index = handoff.receive_in_warp1(received++)) {
-      const auto tile = params.order.tile(tile_index);
-      const Sequence seq = Sequence::of(p, tile.batch);
-      const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, tile.n_block, tile.head_kv);
-      const int count = tile.n_block * Config::kBlockN < seq.seqlen_k ? steps.count : 0;
-      const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
+    for_each_key_tile_in_warp1<Config, kCausal>(params, handoff, [&](auto const& tile, Sequence const& seq,
+                                                                      auto const& steps, int count, auto const& mask) {
       // A unit the main kernel prepares: its workspace rows zeroed (or claims) before the first
       // reduction (or claim), which runs in the async proxy.
       if (Config::kRowsInMainKernel && count > 0 && p.unit_ready != nullptr) {
@@ -372,7 +384,7 @@ struct BackwardDqWriter {
         else bulk_reduce_wait_read();
       }
       __syncwarp();
-    }
+    });
   }
 };
 
@@ -392,14 +404,8 @@ struct BackwardTurnKeeper {
   CUTE_DEVICE static void run(Params const& params, Handoff const& handoff) {
     const BackwardParams& p = params.attn;
     const bool leader = cute::elect_one_sync();
-    int received = 0;
-    for (int tile_index = blockIdx.x; tile_index < params.order.size();
-         tile_index = handoff.receive_in_warp1(received++)) {
-      const auto tile = params.order.tile(tile_index);
-      const Sequence seq = Sequence::of(p, tile.batch);
-      const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, tile.n_block, tile.head_kv);
-      const int count = tile.n_block * Config::kBlockN < seq.seqlen_k ? steps.count : 0;
-      const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
+    for_each_key_tile_in_warp1<Config, kCausal>(params, handoff, [&](auto const& tile, Sequence const& seq,
+                                                                      auto const& steps, int count, auto const& mask) {
       // A unit the main kernel prepares: its turn counts zeroed before the first wait on them.
       if (Config::kRowsInMainKernel && count > 0) wait_unit_prepared(p, tile.batch * p.heads_kv + tile.head_kv);
       for (auto step = steps.first_step(); step.t < count; steps.advance(step)) {
@@ -410,7 +416,7 @@ struct BackwardTurnKeeper {
         barrier_sync(BackwardBarrier::kTurnDone, kBarrierThreads);
         if (leader) dq_turn_pass(turns);  // release: the consumers' additions, ordered by the barrier
       }
-    }
+    });
   }
 };
 
