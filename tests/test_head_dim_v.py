@@ -1,15 +1,14 @@
 """A head dim of v (Dv) apart from q's and k's (D): DeepSeek's MLA prefill and training use D = 192,
-Dv = 128. The output takes Dv. The CPU path computes everything (the reference); on CUDA the Hopper
-family's forward runs it on the kernels of FA_HEAD_DIM_PAIRS (a pair D'/Dv' with D' >= D, Dv' >= Dv),
-and every other CUDA path (the backward, the KV cache, the Ampere family) raises a clear error."""
-
-import os
+Dv = 128. The output takes Dv. The CPU path computes everything (the reference). On CUDA the Hopper
+family's forward runs it on the kernels of FA_HEAD_DIM_PAIRS (a pair D'/Dv' with D' >= D, Dv' >= Dv);
+the backward, the Ampere family and soft-capping run the kernels of one head dim on copies padded
+with zero columns; the KV cache raises a clear error."""
 
 import pytest
 import torch
 
 import fa
-from helpers import assert_within_lowp_error, variant_attention
+from helpers import assert_within_lowp_error, skip_unless_softcap_built, variant_attention
 from test_variants import run_and_grads
 
 
@@ -19,17 +18,14 @@ def qkv(b, hq, hk, sq, sk, d, dv, dtype, device, seed=0):
     return make(b, hq, sq, d), make(b, hk, sk, d), make(b, hk, sk, dv)
 
 
-PAIR_ERROR = "fa's CUDA kernels for that are the Hopper family's forward"
 ONE_HEAD_DIM_ERROR = "take one head dim for q, k and v for now"
 
 
-def pair_forward_runs(device, d, dv):
-    """Whether the CUDA forward serves (d, dv): the Hopper family (FA_KERNEL_FAMILY, set per case by
-    the device fixture) and a built pair that holds both; else it raises PAIR_ERROR."""
-    if device == "cpu" or os.environ.get("FA_KERNEL_FAMILY") != "sm90":
-        return False
-    pairs = [tuple(int(x) for x in p.split("/")) for p in fa.build_info()["sm90_head_dim_pairs"]]
-    return any(pd >= d and pdv >= dv for pd, pdv in pairs)
+def skip_unless_padded_dim_built(device, d, dv):
+    """On CUDA the padded path runs the kernels of head dim max(d, dv) (or the next built one)."""
+    built = fa.build_info()["head_dims"]
+    if device == "cuda" and built and max(d, dv) > max(built):
+        pytest.skip(f"this build has no kernel for head dim {max(d, dv)} (FA_HEAD_DIMS={built})")
 
 
 def check_forward(q, k, v, causal, window, sinks=None, magnitude=1.0):
@@ -49,23 +45,30 @@ def check_forward(q, k, v, causal, window, sinks=None, magnitude=1.0):
                          ids=["deepseek-gqa", "dv>d-sq<sk"])
 def test_forward_and_gradients(device, shape, causal, window):
     b, hq, hk, sq, sk, d, dv = shape
+    skip_unless_padded_dim_built(device, d, dv)
     q, k, v = qkv(b, hq, hk, sq, sk, d, dv, torch.bfloat16, device)
-    if device != "cpu":
-        if not pair_forward_runs(device, d, dv):
-            with pytest.raises(RuntimeError, match=PAIR_ERROR):
-                fa.attention(q, k, v, causal=causal, window_size=window)
-            return
-        check_forward(q, k, v, causal, window)
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        with pytest.raises(RuntimeError, match="fa.backward: .*" + ONE_HEAD_DIM_ERROR):
-            fa.attention(*leaves, causal=causal, window_size=window).sum().backward()
-        return
     check_forward(q, k, v, causal, window)
-    dout = torch.randn(b, hq, sq, dv, dtype=q.dtype)
+    dout = torch.randn(b, hq, sq, dv, dtype=q.dtype).to(device)
     got = run_and_grads(lambda a, c, e: fa.attention(a, c, e, causal=causal, window_size=window), (q, k, v), dout)
     ref = run_and_grads(lambda a, c, e: variant_attention(a, c, e, causal, window)[0], (q, k, v), dout)
     lowp = run_and_grads(lambda a, c, e: variant_attention(a, c, e, causal, window, dtype=q.dtype)[0], (q, k, v),
                          dout)
+    for name, g, r, lp in zip(("out", "dq", "dk", "dv"), got, ref, lowp):
+        assert g.shape == r.shape, name
+        assert_within_lowp_error(name, g, r, lp)
+
+
+def test_softcap_and_sinks(device):
+    """Soft-capping has no pair kernels: on CUDA it runs padded, gradients and all."""
+    skip_unless_softcap_built(192, device)
+    q, k, v = qkv(1, 4, 2, 90, 130, 192, 128, torch.bfloat16, device, seed=4)
+    sinks = torch.randn(4, device=device)
+    call = lambda a, c, e: fa.attention(a, c, e, causal=True, softcap=20.0, sinks=sinks)  # noqa: E731
+    dout = torch.randn(1, 4, 90, 128, dtype=q.dtype).to(device)
+    got = run_and_grads(call, (q, k, v), dout)
+    ref = run_and_grads(lambda a, c, e: variant_attention(a, c, e, True, softcap=20.0, sinks=sinks)[0], (q, k, v), dout)
+    lowp = run_and_grads(lambda a, c, e: variant_attention(a, c, e, True, softcap=20.0, sinks=sinks, dtype=q.dtype)[0],
+                         (q, k, v), dout)
     for name, g, r, lp in zip(("out", "dq", "dk", "dv"), got, ref, lowp):
         assert g.shape == r.shape, name
         assert_within_lowp_error(name, g, r, lp)
@@ -90,12 +93,12 @@ def test_output_layout_follows_q():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_forward_tiles(device, shape, causal, window, sinks, dtype):
     """The CUDA forward over several query and key tiles (odd lengths, GQA, rows that see no key
-    where sq > sk causal), masks, sinks, both dtypes, magnitudes of 4, against a float64 reference."""
+    where sq > sk causal), masks, sinks, both dtypes, magnitudes of 4, against a float64 reference:
+    the Hopper pair kernels, or (the Ampere family) the padded path."""
     if device == "cpu":
         pytest.skip("the CPU path is tested above")
     b, hq, hk, sq, sk, d, dv = shape
-    if not pair_forward_runs(device, d, dv):
-        pytest.skip("no Hopper pair kernel serves this here (FA_HEAD_DIM_PAIRS)")
+    skip_unless_padded_dim_built(device, d, dv)
     q, k, v = (t * 4 for t in qkv(b, hq, hk, sq, sk, d, dv, dtype, device, seed=3))
     sink = torch.randn(hq, device=device) if sinks else None
     check_forward(q, k, v, causal, window, sinks=sink, magnitude=4.0)
@@ -117,20 +120,7 @@ def test_varlen(device):
     q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
     cu_q = torch.tensor([0, 1, 41, 41, 108], dtype=torch.int32, device=device)
     cu_k = torch.tensor([0, 5, 45, 48, 138], dtype=torch.int32, device=device)
-    if device != "cpu":
-        if not pair_forward_runs(device, d, dv):
-            with pytest.raises(RuntimeError, match=PAIR_ERROR):
-                fa.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
-            return
-        out = fa.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
-        assert out.shape == (sum(lens_q), hq, dv)
-        for i in range(len(lens_q)):
-            rq, rk = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
-            sub = [t[r].transpose(0, 1).unsqueeze(0) for t, r in ((q, rq), (k, rk), (v, rk))]
-            ref, _ = variant_attention(*sub, True)
-            lowp, _ = variant_attention(*sub, True, dtype=q.dtype)
-            assert_within_lowp_error(f"out[{i}]", out[rq].transpose(0, 1).unsqueeze(0), ref, lowp)
-        return
+    skip_unless_padded_dim_built(device, d, dv)
     q.requires_grad_()
     k.requires_grad_()
     v.requires_grad_()

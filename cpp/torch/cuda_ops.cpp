@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>  // aoti_torch_get_current_cuda_stream (USE_CUDA)
@@ -247,39 +248,51 @@ cudaError_t dispatch(ScalarType dtype, const Kernels& kernels, bool causal, cons
   });
 }
 
-// The backward and KV-cache kernels take one head dim for q, k and v (v's may differ in the Hopper
-// family's forward and on the CPU path).
+// The KV-cache kernels take one head dim for q, k and v (v's may differ in the other ops: the Hopper
+// forward's pair kernels, or padding; and on the CPU path).
 void check_one_head_dim(const AttentionShape& s, const char* op) {
   FA_CHECK(s.head_dim_v == s.head_dim, op, ": v's head_dim ", str_of(s.head_dim_v), " differs from q's and k's ",
            str_of(s.head_dim), "; fa's CUDA kernels for ", op, " take one head dim for q, k and v for now (the ",
-           "Hopper family's forward and the CPU path take both)");
+           "CPU path takes both)");
 }
 
 // The Hopper forward's kernels for v's head dim apart from q's and k's: the smallest pair D'/Dv' of
-// FA_HEAD_DIM_PAIRS with D' >= D and Dv' >= Dv (its tiles zero-fill the columns past D and Dv), or a
-// clear error where none serves the call (no such pair, another GPU, FA_KERNEL_FAMILY=sm80, softcap).
-Kernels pair_forward_kernels(const std::string& arch, const AttentionShape& s, bool softcap, const char* op) {
-  std::string built;
+// FA_HEAD_DIM_PAIRS with D' >= D and Dv' >= Dv (its tiles zero-fill the columns past D and Dv), where
+// one serves the call (a 90a device, the family not forced to sm80, no soft-capping); else none,
+// and the call runs padded (forward_into).
+std::optional<Kernels> pair_forward_kernels(const std::string& arch, const AttentionShape& s, bool softcap,
+                                            const char* op) {
+  if (arch != "90a" || softcap || family_setting(op) == "sm80") return std::nullopt;
   int best_d = 0, best_dv = 0;
   for (std::size_t i = 0; build_config::kSm90ForwardHeadDimPairs[i] != 0; i += 2) {
     const int d = build_config::kSm90ForwardHeadDimPairs[i], dv = build_config::kSm90ForwardHeadDimPairs[i + 1];
-    built += " " + str_of(int64_t(d)) + "/" + str_of(int64_t(dv));
     if (d >= s.head_dim && dv >= s.head_dim_v && (best_d == 0 || d < best_d || (d == best_d && dv < best_dv))) {
       best_d = d;
       best_dv = dv;
     }
   }
-  const std::string want = family_setting(op);
-  const std::string why = arch != "90a" ? "the device is sm_" + arch + ", not sm_90a"
-                          : want == "sm80" ? std::string("FA_KERNEL_FAMILY=sm80")
-                          : softcap ? std::string("softcap has no such kernels yet")
-                          : best_d == 0 ? std::string("no pair holds them")
-                          : std::string();
-  FA_CHECK(why.empty(), op, ": v's head_dim ", str_of(s.head_dim_v), " differs from q's and k's ",
-           str_of(s.head_dim), "; fa's CUDA kernels for that are the Hopper family's forward (sm90a) for the ",
-           "head dim pairs D/Dv of FA_HEAD_DIM_PAIRS (this build:", built.empty() ? std::string(" none") : built,
-           "), and ", why);
-  return {Family::kSm90, best_d, false, best_dv};
+  if (best_d == 0) return std::nullopt;
+  return Kernels{Family::kSm90, best_d, false, best_dv};
+}
+
+// v's head dim apart from q's and k's where no kernel takes the two (the backward, the Ampere family,
+// soft-capping, a pair this build lacks): the kernels of one head dim, d = max(D, Dv), on copies
+// of the narrower tensors zero-padded to d. Zero columns change no score (q's and k's), and add
+// zero columns to the output and dV (v's), which are dropped; dO's and O's zero columns leave
+// rowsum(dO ∘ O) as it is. Correct, at the cost of the copies and of the padded columns' work.
+Tensor widened(const Tensor& t, int64_t d) {
+  const int64_t last = t.size(t.dim() - 1);
+  return last == d ? t : torch::stable::pad(t, {0, d - last});
+}
+
+// dst = src's first dst.size(-1) columns (nothing to do where src is dst).
+void copy_narrowed(Tensor& dst, Tensor& src) {
+  const int64_t last = dst.dim() - 1;
+  if (src.size(last) == dst.size(last)) {
+    if (src.data_ptr() != dst.data_ptr()) torch::stable::copy_(dst, src);
+    return;
+  }
+  torch::stable::copy_(dst, torch::stable::narrow(src, last, 0, dst.size(last)));
 }
 
 // Calls fn(ElementTag{}, integral_constant<D>{}, integral_constant<Dv>{}, bool_constant<causal>{})
@@ -410,9 +423,28 @@ void forward_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, const
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
   set_variant(p, variant, Direction::kForward);
   const bool softcap = variant.softcap > 0;
-  const Kernels kernels = s.head_dim_v != s.head_dim ? pair_forward_kernels(arch, s, softcap, op)
-                                                     : forward_kernels(arch, s.head_dim, softcap, op);
-  run_forward_kernels(p, q, kernels, variant.causal_kernels(), op);
+  std::optional<Kernels> pair;
+  if (s.head_dim_v != s.head_dim) pair = pair_forward_kernels(arch, s, softcap, op);
+  run_forward_kernels(p, q, pair ? *pair : forward_kernels(arch, s.head_dim, softcap, op), variant.causal_kernels(), op);
+}
+
+// forward_into for v's head dim apart from q's and k's: the pair kernels where they serve the call,
+// else padded to one head dim (widened, above).
+void forward_any_head_dims(ForwardParams& p, ForwardOutputs& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const AttentionShape& s, float scale, const Variant& variant, const std::string& arch,
+                           const char* op) {
+  if (s.head_dim_v == s.head_dim || pair_forward_kernels(arch, s, variant.softcap > 0, op)) {
+    forward_into(p, o, q, k, v, s, scale, variant, arch, op);
+    return;
+  }
+  const int64_t d = std::max(s.head_dim, s.head_dim_v);
+  AttentionShape wide = s;
+  wide.head_dim = wide.head_dim_v = d;
+  std::vector<int64_t> sizes(o.out.sizes().begin(), o.out.sizes().end());
+  sizes.back() = d;
+  ForwardOutputs padded{torch::stable::new_empty(o.out, sizes), o.lse};
+  forward_into(p, padded, widened(q, d), widened(k, d), widened(v, d), wide, scale, variant, arch, op);
+  copy_narrowed(o.out, padded.out);
 }
 
 std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -427,7 +459,7 @@ std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, 
   ForwardOutputs o = allocate_forward_outputs(q_in, s);
   if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
   ForwardParams p;
-  forward_into(p, o, q_in, k_in, v_in, s, scale, variant, arch, op);
+  forward_any_head_dims(p, o, q_in, k_in, v_in, s, scale, variant, arch, op);
   return {o.out, o.lse};
 }
 
@@ -450,7 +482,7 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor&
   const Tensor cu_seqlens_k = dense_last_dim(cu_seqlens_k_in);
   ForwardParams p;
   set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
-  forward_into(p, o, q_in, k_in, v_in, s, scale, variant, arch, op);
+  forward_any_head_dims(p, o, q_in, k_in, v_in, s, scale, variant, arch, op);
   return {o.out, o.lse};
 }
 
@@ -618,6 +650,33 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   if (err != cudaSuccess) raise_launch_error(err, q, op);
 }
 
+// The backward's kernels for the call, padded to one head dim where v's differs from q's and k's
+// (widened, above: the backward kernels take one head dim).
+void backward_any_head_dims(BackwardParams& p, const Tensor& dout, const Tensor& q, const Tensor& k,
+                            const Tensor& v, const Tensor& out, const Tensor& lse, Gradients& g,
+                            const AttentionShape& s, float scale, const Variant& variant, bool deterministic,
+                            const std::string& arch, const char* op) {
+  const int64_t d = std::max(s.head_dim, s.head_dim_v);
+  const Kernels kernels = backward_kernels(arch, d, variant.softcap > 0, op);
+  if (s.head_dim_v == s.head_dim) {
+    run_backward_kernels(p, BackwardInputs(dout, q, k, v, out, lse), g, s, scale, kernels, variant, deterministic, op);
+    return;
+  }
+  AttentionShape wide = s;
+  wide.head_dim = wide.head_dim_v = d;
+  const Tensor qw = widened(q, d), kw = widened(k, d), vw = widened(v, d);
+  // The gradients of the padded tensors in their own (wider) buffers, then their first columns.
+  auto gradient_of = [&](Tensor& grad, const Tensor& wide_input) {
+    return grad.size(grad.dim() - 1) == d ? grad : torch::stable::new_empty(wide_input, wide_input.sizes());
+  };
+  Gradients gw{gradient_of(g.dq, qw), gradient_of(g.dk, kw), gradient_of(g.dv, vw)};
+  run_backward_kernels(p, BackwardInputs(widened(dout, d), qw, kw, vw, widened(out, d), lse), gw, wide, scale,
+                       kernels, variant, deterministic, op);
+  copy_narrowed(g.dq, gw.dq);
+  copy_narrowed(g.dk, gw.dk);
+  copy_narrowed(g.dv, gw.dv);
+}
+
 std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Tensor& q_in,
                                                  const Tensor& k_in, const Tensor& v_in,
                                                  const Tensor& out_in, const Tensor& lse_in,
@@ -626,7 +685,6 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
                                                  bool deterministic) {
   constexpr const char* op = "fa.backward";
   const AttentionShape s = check_backward_inputs(dout_in, q_in, k_in, v_in, out_in, lse_in);
-  check_one_head_dim(s, op);
   const Variant variant =
       check_variant(op, causal, window_left, window_right, softcap, std::nullopt, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
@@ -636,8 +694,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda(const Tensor& dout_in, const Te
   if (finish_trivial_backward(s, g)) return {g.dq, g.dk, g.dv};
 
   BackwardParams p;
-  run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
-                       backward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant, deterministic, op);
+  backward_any_head_dims(p, dout_in, q_in, k_in, v_in, out_in, lse_in, g, s, scale, variant, deterministic, arch, op);
   return {g.dq, g.dk, g.dv};
 }
 
@@ -652,7 +709,6 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, c
   constexpr const char* op = "fa.backward_varlen";
   const VarlenShape s = check_varlen_backward_inputs(dout_in, q_in, k_in, v_in, out_in, lse_in, cu_seqlens_q_in,
                                                      cu_seqlens_k_in, max_seqlen_q, max_seqlen_k);
-  check_one_head_dim(s, op);
   const Variant variant =
       check_variant(op, causal, window_left, window_right, softcap, std::nullopt, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
@@ -665,8 +721,7 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda(const Tensor& dout_in, c
   const Tensor cu_seqlens_k = dense_last_dim(cu_seqlens_k_in);
   BackwardParams p;
   set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
-  run_backward_kernels(p, BackwardInputs(dout_in, q_in, k_in, v_in, out_in, lse_in), g, s, scale,
-                       backward_kernels(arch, s.head_dim, variant.softcap > 0, op), variant, deterministic, op);
+  backward_any_head_dims(p, dout_in, q_in, k_in, v_in, out_in, lse_in, g, s, scale, variant, deterministic, arch, op);
   return {g.dq, g.dk, g.dv};
 }
 
