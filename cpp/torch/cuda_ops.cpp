@@ -205,6 +205,18 @@ constexpr bool built(int head_dim) {
   return has_sm90_backward_head_dim(head_dim);
 }
 
+// Calls fn(ElementTag{}) for dtype, of the element types this build holds.
+template <class Fn>
+cudaError_t dispatch_dtype(ScalarType dtype, const char* op, Fn&& fn) {
+  if constexpr (build_config::kFloat16) {
+    if (dtype == ScalarType::Half) return fn(Float16{});
+  }
+  if constexpr (build_config::kBFloat16) {
+    if (dtype == ScalarType::BFloat16) return fn(BFloat16{});
+  }
+  fail(op, ": this build has no kernels for ", dtype_name(dtype), " (FA_DTYPES)");
+}
+
 // Calls fn(ElementTag{}, integral_constant<head dim>{}) for the runtime choice. Only the
 // combinations this build holds for the family are instantiated.
 template <Family kFamily, Direction kDirection, bool kSoftcap = false, class Fn>
@@ -224,13 +236,7 @@ cudaError_t dispatch(ScalarType dtype, int head_dim, const char* op, Fn&& fn) {
     }
     fail(op, ": no kernel for head dim ", str_of(int64_t(head_dim)));
   };
-  if constexpr (build_config::kFloat16) {
-    if (dtype == ScalarType::Half) return with_head_dim(Float16{});
-  }
-  if constexpr (build_config::kBFloat16) {
-    if (dtype == ScalarType::BFloat16) return with_head_dim(BFloat16{});
-  }
-  fail(op, ": this build has no kernels for ", dtype_name(dtype), " (FA_DTYPES)");
+  return dispatch_dtype(dtype, op, with_head_dim);
 }
 
 // The same for `kernels` with bool_constant<causal>{} and bool_constant<softcap>{} as fn's third
@@ -259,7 +265,7 @@ void check_one_head_dim(const AttentionShape& s, const char* op) {
 // The Hopper forward's kernels for v's head dim apart from q's and k's: the smallest pair D'/Dv' of
 // FA_HEAD_DIM_PAIRS with D' >= D and Dv' >= Dv (its tiles zero-fill the columns past D and Dv), where
 // one serves the call (a 90a device, the family not forced to sm80, no soft-capping); else none,
-// and the call runs padded (forward_into).
+// and the call runs padded (forward_any_head_dims).
 std::optional<Kernels> pair_forward_kernels(const std::string& arch, const AttentionShape& s, bool softcap,
                                             const char* op) {
   if (arch != "90a" || softcap || family_setting(op) == "sm80") return std::nullopt;
@@ -317,13 +323,7 @@ cudaError_t dispatch_pair(ScalarType dtype, const Kernels& kernels, bool causal,
 #undef FA_PAIR_CASE
     fail(op, ": no kernel for head dims ", str_of(int64_t(kernels.head_dim)), "/", str_of(int64_t(kernels.head_dim_v)));
   };
-  if constexpr (build_config::kFloat16) {
-    if (dtype == ScalarType::Half) return with_dims(Float16{});
-  }
-  if constexpr (build_config::kBFloat16) {
-    if (dtype == ScalarType::BFloat16) return with_dims(BFloat16{});
-  }
-  fail(op, ": this build has no kernels for ", dtype_name(dtype), " (FA_DTYPES)");
+  return dispatch_dtype(dtype, op, with_dims);
 }
 
 void check_grid_limits(const AttentionShape& s, const char* op) {
@@ -410,31 +410,32 @@ void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kerne
   if (err != cudaSuccess) raise_launch_error(err, q, op);
 }
 
-// The forward of q, k, v (of shape s) into o on the current device: the inputs made fit for the
-// kernels, the rest of p (the caller has set what a packed batch adds), the kernels of the family
-// chosen.
+// The forward of q, k, v (of shape s) into o on the current device with `kernels`: the inputs made
+// fit for the kernels, the rest of p (the caller has set what a packed batch adds).
 void forward_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, const Tensor& k_in,
                   const Tensor& v_in, const AttentionShape& s, float scale, const Variant& variant,
-                  const std::string& arch, const char* op) {
+                  const Kernels& kernels, const char* op) {
   check_grid_limits(s, op);
   const Tensor q = aligned_for_kernels(q_in);
   const Tensor k = aligned_for_kernels(k_in);
   const Tensor v = aligned_for_kernels(v_in);
   fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
   set_variant(p, variant, Direction::kForward);
-  const bool softcap = variant.softcap > 0;
-  std::optional<Kernels> pair;
-  if (s.head_dim_v != s.head_dim) pair = pair_forward_kernels(arch, s, softcap, op);
-  run_forward_kernels(p, q, pair ? *pair : forward_kernels(arch, s.head_dim, softcap, op), variant.causal_kernels(), op);
+  run_forward_kernels(p, q, kernels, variant.causal_kernels(), op);
 }
 
-// forward_into for v's head dim apart from q's and k's: the pair kernels where they serve the call,
-// else padded to one head dim (widened, above).
+// forward_into with the kernels of the family chosen; for v's head dim apart from q's and k's, the
+// pair kernels where they serve the call, else those of one head dim on padded copies (widened).
 void forward_any_head_dims(ForwardParams& p, ForwardOutputs& o, const Tensor& q, const Tensor& k, const Tensor& v,
                            const AttentionShape& s, float scale, const Variant& variant, const std::string& arch,
                            const char* op) {
-  if (s.head_dim_v == s.head_dim || pair_forward_kernels(arch, s, variant.softcap > 0, op)) {
-    forward_into(p, o, q, k, v, s, scale, variant, arch, op);
+  const bool softcap = variant.softcap > 0;
+  if (s.head_dim_v == s.head_dim) {
+    forward_into(p, o, q, k, v, s, scale, variant, forward_kernels(arch, s.head_dim, softcap, op), op);
+    return;
+  }
+  if (const std::optional<Kernels> pair = pair_forward_kernels(arch, s, softcap, op)) {
+    forward_into(p, o, q, k, v, s, scale, variant, *pair, op);
     return;
   }
   const int64_t d = std::max(s.head_dim, s.head_dim_v);
@@ -443,7 +444,8 @@ void forward_any_head_dims(ForwardParams& p, ForwardOutputs& o, const Tensor& q,
   std::vector<int64_t> sizes(o.out.sizes().begin(), o.out.sizes().end());
   sizes.back() = d;
   ForwardOutputs padded{torch::stable::new_empty(o.out, sizes), o.lse};
-  forward_into(p, padded, widened(q, d), widened(k, d), widened(v, d), wide, scale, variant, arch, op);
+  forward_into(p, padded, widened(q, d), widened(k, d), widened(v, d), wide, scale, variant,
+               forward_kernels(arch, d, softcap, op), op);
   copy_narrowed(o.out, padded.out);
 }
 
