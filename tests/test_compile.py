@@ -69,7 +69,8 @@ def test_build_info():
     info = fa.build_info()
     assert info["version"] == fa.__version__
     for key in ("torch", "cuda_kernels_built", "cuda_archs", "head_dims", "dtypes", "kernels",
-                "kernel_families", "sm90_head_dims", "sm90_backward_head_dims", "device", "device_kernel_family",
+                "kernel_families", "sm90_head_dims", "sm90_backward_head_dims", "sm80_run_time_mask_head_dims",
+                "device", "device_kernel_family",
                 "device_kernel_families", "kernel_family_setting"):
         assert key in info
     if info["cuda_kernels_built"]:
@@ -77,6 +78,9 @@ def test_build_info():
         assert ("sm90 fwd" in info["kernels"]) == ("90a" in info["cuda_archs"] and bool(info["sm90_head_dims"]))
         assert ("sm90 bwd" in info["kernels"]) == ("90a" in info["cuda_archs"] and bool(info["sm90_backward_head_dims"]))
         assert set(info["sm90_backward_head_dims"]) <= set(info["sm90_head_dims"]) & {64, 128, 256}
+        # The Ampere family's causal kernel serves every mask only in a build for Hopper alone.
+        assert set(info["sm80_run_time_mask_head_dims"]) <= set(info["head_dims"])
+        assert not info["sm80_run_time_mask_head_dims"] or info["cuda_archs"] == ["90a"]
     else:
         assert info["no_cuda_reason"]
 

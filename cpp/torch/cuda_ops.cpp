@@ -240,7 +240,8 @@ cudaError_t dispatch(ScalarType dtype, int head_dim, const char* op, Fn&& fn) {
 }
 
 // The same for `kernels` with bool_constant<causal>{} and bool_constant<softcap>{} as fn's third
-// and fourth arguments: kernels instantiated per causal choice, and soft-capping ones causal alone.
+// and fourth arguments: kernels instantiated per causal choice, soft-capping ones causal alone, and
+// the Ampere family's causal alone at the head dims of build_config::kSm80RunTimeMaskHeadDims.
 template <Family kFamily, Direction kDirection, class Fn>
 cudaError_t dispatch(ScalarType dtype, const Kernels& kernels, bool causal, const char* op, Fn&& fn) {
   if (kernels.softcap) {
@@ -249,8 +250,12 @@ cudaError_t dispatch(ScalarType dtype, const Kernels& kernels, bool causal, cons
     });
   }
   return dispatch<kFamily, kDirection>(dtype, kernels.head_dim, op, [&](auto tag, auto hd) -> cudaError_t {
-    if (causal) return fn(tag, hd, std::true_type{}, std::false_type{});
-    return fn(tag, hd, std::false_type{}, std::false_type{});
+    if constexpr (kFamily == Family::kSm80 && build_config::sm80_mask_at_run_time(decltype(hd)::value)) {
+      return fn(tag, hd, std::true_type{}, std::false_type{});
+    } else {
+      if (causal) return fn(tag, hd, std::true_type{}, std::false_type{});
+      return fn(tag, hd, std::false_type{}, std::false_type{});
+    }
   });
 }
 
