@@ -3,7 +3,7 @@ attention sinks, the attention of Mistral, Gemma and gpt-oss, beside FlashAttent
 soft-capped kernels (../shared/peers/fa3-variants on PYTHONPATH) and fa's own plain attention at the
 same shape.
 
-Rows (bf16, Sq = Sk):
+Rows (Sq = Sk; bf16 by default, fp16 on request: FA3's variant kernels are bf16 alone):
 1. window (4095, 0) at (2, 32, 16384, 128) and (1023, 0) at (4, 32, 8192, 128): Mistral-like;
 2. window (127, 0) at (4, 64 q / 8 kv heads, 8192, 64): gpt-oss-like;
 3. softcap 50 at (4, 32, 8192, 128) causal and not, (2, 16, 8192, 256) causal: Gemma 2;
@@ -83,12 +83,12 @@ DECODE_CASE = DecodeCase(32, 32, 8, 1, 128, 32768, 16)
 DECODE_WINDOW = 4096
 
 
-def inputs_of(case: VariantCase, requires_grad: bool):
+def inputs_of(case: VariantCase, requires_grad: bool, dtype: torch.dtype = torch.bfloat16):
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape_q = (case.batch, case.heads_q, case.seqlen, case.head_dim)
     shape_k = (case.batch, case.heads_kv, case.seqlen, case.head_dim)
-    q = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k, v = (torch.randn(shape_k, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    q = torch.randn(shape_q, device="cuda", dtype=dtype, generator=gen)
+    k, v = (torch.randn(shape_k, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
     for t in (q, k, v):
         t.requires_grad_(requires_grad)
     sinks = torch.randn(case.heads_q, device="cuda", generator=gen) if case.sinks else None
@@ -118,14 +118,15 @@ def variant_impl(name: str, case: VariantCase, sinks) -> Callable:
     raise ValueError(name)
 
 
-def run_dense_rows(impls: Sequence[str], modes: Sequence[str], rows=None, seconds: float = SECONDS):
+def run_dense_rows(impls: Sequence[str], modes: Sequence[str], rows=None, seconds: float = SECONDS,
+                   dtype: str = "bfloat16"):
     """Each row, each mode: the implementations timed call by call. Returns (results, mismatches)."""
     results, mismatches = [], []
     clear = torch.empty(dense_suite.L2_CLEAR_BYTES, dtype=torch.int8, device="cuda")
     for case in rows or DENSE_ROWS:
         for mode in modes:
-            q, k, v, sinks = inputs_of(case, mode == "bwd")
-            dcase = dense_suite.Case(case.batch, case.heads_q, case.seqlen, case.head_dim, case.causal, mode, "bfloat16")
+            q, k, v, sinks = inputs_of(case, mode == "bwd", getattr(torch, dtype))
+            dcase = dense_suite.Case(case.batch, case.heads_q, case.seqlen, case.head_dim, case.causal, mode, dtype)
             calls, outputs, notes = {}, {}, {}
             for impl in impls:
                 with noted_failure(lambda note: notes.update({impl: note})):
@@ -137,8 +138,9 @@ def run_dense_rows(impls: Sequence[str], modes: Sequence[str], rows=None, second
                 times, _ = dense_suite.time_interleaved(calls, seconds, WARMUP_MS, MIN_CYCLES, clear)
             fa_ms = None
             for impl in impls:
-                row = {"row": case.label, "shape": f"({case.batch}, {case.heads_q}/{case.heads_kv}, {case.seqlen}, "
-                                                  f"{case.head_dim})", "mask": describe_mask(case), "mode": mode,
+                row = {"row": case.label, "dtype": dtype,
+                       "shape": f"({case.batch}, {case.heads_q}/{case.heads_kv}, {case.seqlen}, {case.head_dim})",
+                       "mask": describe_mask(case), "mode": mode,
                        "impl": impl, "ms": None, "tflops": None, "note": notes.get(impl, "")}
                 if impl in times:
                     row["ms"] = quartiles(times[impl])[1]
@@ -174,23 +176,24 @@ def describe_mask(case: VariantCase) -> str:
     return ", ".join(parts)
 
 
-def run_varlen_row(modes: Sequence[str]):
-    """fa.attention_varlen with the window, beside FA3's varlen with it (when its build has both)."""
+def run_varlen_row(modes: Sequence[str], dtype: str = "bfloat16"):
+    """fa.attention_varlen with the window, beside fa's varlen without it."""
     import fa
 
     lengths = varlen_suite.varlen_lengths()
     max_len = max(lengths)
     rows = []
     for mode in modes:
-        q, k, v, cu = varlen_suite.packed_inputs(lengths, VARLEN_HEADS, 128, torch.bfloat16, mode == "bwd")
+        q, k, v, cu = varlen_suite.packed_inputs(lengths, VARLEN_HEADS, 128, getattr(torch, dtype), mode == "bwd")
         case = VariantCase("5 varlen window", 1, VARLEN_HEADS, VARLEN_HEADS, 1, 128, True, VARLEN_WINDOW)
         flops = sum(dataclasses.replace(case, seqlen=s).flops(mode) for s in lengths)
-        dcase = dense_suite.Case(1, 1, 1, 1, True, mode, "bfloat16")
+        dcase = dense_suite.Case(1, 1, 1, 1, True, mode, dtype)
         fns = {"fa": lambda q, k, v, c: fa.attention_varlen(q, k, v, cu, cu, max_len, max_len, causal=True,
                                                             window_size=VARLEN_WINDOW),
                "fa plain": lambda q, k, v, c: fa.attention_varlen(q, k, v, cu, cu, max_len, max_len, causal=True)}
         for impl, fn in fns.items():
-            row = {"row": case.label, "shape": f"{len(lengths)} seqs, {sum(lengths)} tokens, H {VARLEN_HEADS}, D 128",
+            row = {"row": case.label, "dtype": dtype,
+                   "shape": f"{len(lengths)} seqs, {sum(lengths)} tokens, H {VARLEN_HEADS}, D 128",
                    "mask": f"causal, window {VARLEN_WINDOW}", "mode": mode, "impl": impl, "ms": None,
                    "tflops": None, "note": "", "fa_speedup": None}
             with noted_failure(lambda note: row.update(note=note)):
@@ -204,14 +207,14 @@ def run_varlen_row(modes: Sequence[str]):
     return rows
 
 
-def run_decode_row():
+def run_decode_row(dtype: str = "bfloat16"):
     """fa.attention_kvcache with a window of DECODE_WINDOW keys over a longer cache: the window's
     K and V bytes / time, against the copy bandwidth."""
     import fa
 
     from timing import time_ms
 
-    q, k, v, seqlens, pages = decode_inputs(DECODE_CASE, torch.bfloat16)
+    q, k, v, seqlens, pages = decode_inputs(DECODE_CASE, getattr(torch, dtype))
     window = (DECODE_WINDOW - 1, 0)
     read_bytes = 2 * DECODE_CASE.batch * DECODE_CASE.heads_kv * DECODE_WINDOW * DECODE_CASE.head_dim * 2
     bandwidth = copy_bandwidth()
@@ -219,25 +222,27 @@ def run_decode_row():
     for impl, kwargs in (("fa", dict(window_size=window)), ("fa plain", {})):
         ms = time_ms(lambda: fa.attention_kvcache(q, k, v, seqlens, pages, causal=True, **kwargs))
         bytes_read = read_bytes if impl == "fa" else DECODE_CASE.kv_bytes(2)
-        rows.append({"row": "6 decode window 4096", "shape": DECODE_CASE.label(), "mode": "fwd", "impl": impl,
+        rows.append({"row": "6 decode window 4096", "dtype": dtype, "shape": DECODE_CASE.label(), "mode": "fwd",
+                     "impl": impl,
                      "ms": ms, "gbps": bytes_read / (ms * 1e-3) / 1e9, "of_copy": bytes_read / (ms * 1e-3) / bandwidth})
     return rows, bandwidth
 
 
 def variants_table(rows) -> str:
     fmt = lambda x, spec: "" if x is None else format(x, spec)  # noqa: E731
-    lines = ["| row | shape (B, Hq/Hk, S, D) | mask | mode | impl | ms | TFLOP/s (pairs through the mask) | "
-             "its time / fa's | note |", "|" + "---|" * 9]
+    lines = ["| row | dtype | shape (B, Hq/Hk, S, D) | mask | mode | impl | ms | TFLOP/s (pairs through the mask) | "
+             "its time / fa's | note |", "|" + "---|" * 10]
     for r in rows:
-        lines.append(f"| {r['row']} | {r['shape']} | {r['mask']} | {r['mode']} | {r['impl']} | {fmt(r['ms'], '.3f')} | "
+        lines.append(f"| {r['row']} | {r['dtype']} | {r['shape']} | {r['mask']} | {r['mode']} | {r['impl']} | "
+                     f"{fmt(r['ms'], '.3f')} | "
                      f"{fmt(r['tflops'], '.0f')} | {fmt(r.get('fa_speedup'), '.2f')} | {r['note'][:60]} |")
     return "\n".join(lines)
 
 
 def decode_window_table(rows, bandwidth: float) -> str:
-    lines = [f"copy bandwidth {bandwidth / 1e9:.0f} GB/s", "| row | shape | impl | ms | K+V GB/s | of copy |",
-             "|" + "---|" * 6]
+    lines = [f"copy bandwidth {bandwidth / 1e9:.0f} GB/s", "| row | dtype | shape | impl | ms | K+V GB/s | of copy |",
+             "|" + "---|" * 7]
     for r in rows:
-        lines.append(f"| {r['row']} | {r['shape']} | {r['impl']} | {r['ms']:.4f} | {r['gbps']:.0f} | "
+        lines.append(f"| {r['row']} | {r['dtype']} | {r['shape']} | {r['impl']} | {r['ms']:.4f} | {r['gbps']:.0f} | "
                      f"{100 * r['of_copy']:.0f}% |")
     return "\n".join(lines)

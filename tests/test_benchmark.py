@@ -21,6 +21,7 @@ import host_time  # noqa: E402
 import profile_ncu as fa_profile  # noqa: E402
 import sustained  # noqa: E402
 import timing  # noqa: E402
+import variants_suite  # noqa: E402
 import varlen_suite  # noqa: E402
 
 
@@ -495,3 +496,21 @@ def test_sweep_plot(tmp_path):
             results.append(dense_suite.Result(case, impl, ms=1.0, tflops=base + s / 100))
     path = dense_suite.plot_sweep(results, tmp_path / "sweep.png")
     assert path.exists() and path.stat().st_size > 1000
+
+
+def test_variants_tables_name_each_rows_dtype():
+    """The variants suite runs per dtype (--dtype): each table row says which, and the pairs through a
+    causal window count what the mask lets through."""
+    row = {"row": "1 window 4095", "dtype": "float16", "shape": "(2, 32/32, 16384, 128)", "mask": "causal",
+           "mode": "fwd", "impl": "fa", "ms": 1.5, "tflops": 600.0, "fa_speedup": None, "note": ""}
+    table = variants_suite.variants_table([row, dict(row, dtype="bfloat16", impl="fa3", fa_speedup=0.9)])
+    lines = table.splitlines()
+    assert lines[0].startswith("| row | dtype |") and len(lines) == 4
+    assert "| float16 |" in lines[2] and "| bfloat16 |" in lines[3] and "| 0.90 |" in lines[3]
+    decode = {"row": "6 decode window 4096", "dtype": "float16", "shape": "B32", "impl": "fa", "ms": 0.1,
+              "gbps": 4000.0, "of_copy": 0.95}
+    assert "| float16 | B32 | fa | 0.1000 | 4000 | 95% |" in variants_suite.decode_window_table([decode], 4.2e12)
+    case = variants_suite.VariantCase("w", 1, 1, 1, 6, 8, True, (2, 0))
+    assert case.pairs() == 1 + 2 + 3 + 3 + 3 + 3
+    args = bench.parse_args(["--suite", "variants", "--dtype", "float16"])
+    assert args.dtypes == ["float16"]
