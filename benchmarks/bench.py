@@ -273,7 +273,7 @@ def main_variants(args, meta) -> int:
     print(header(meta), flush=True)
     print(f"# variants: {', '.join(args.dtypes)}, each row timed call by call for {variants_suite.SECONDS:g} s (at "
           f"least {variants_suite.MIN_CYCLES} cycles) after {variants_suite.WARMUP_MS} ms of untimed calls", flush=True)
-    rows, mismatches, decode_rows = [], [], []
+    rows, mismatches = [], []
     for dtype in args.dtypes:
         dense_rows, dense_mismatches = variants_suite.run_dense_rows(args.impl, args.modes, dtype=dtype)
         rows += dense_rows + variants_suite.run_varlen_row(args.modes, dtype)
@@ -281,9 +281,7 @@ def main_variants(args, meta) -> int:
     print(variants_suite.variants_table(rows))
     print("\nTFLOP/s = 4·B·H·pairs·D / time forward, x2.5 backward, pairs = the (query, key) pairs the mask lets "
           "through ('fa plain': fa without the variant, its own pairs); 'its time / fa's' > 1: fa is faster.\n")
-    for dtype in args.dtypes:
-        dtype_rows, bandwidth = variants_suite.run_decode_row(dtype)
-        decode_rows += dtype_rows
+    decode_rows, bandwidth = variants_suite.run_decode_rows(args.dtypes)
     print(variants_suite.decode_window_table(decode_rows, bandwidth))
     print("\nK+V GB/s = the bytes of the keys and values inside the window (fa plain: the whole cache) / time.")
     return finish_run(args, args.name or time.strftime("variants-%Y%m%d-%H%M%S"),

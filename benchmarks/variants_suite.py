@@ -207,24 +207,26 @@ def run_varlen_row(modes: Sequence[str], dtype: str = "bfloat16"):
     return rows
 
 
-def run_decode_row(dtype: str = "bfloat16"):
-    """fa.attention_kvcache with a window of DECODE_WINDOW keys over a longer cache: the window's
-    K and V bytes / time, against the copy bandwidth."""
+def run_decode_rows(dtypes: Sequence[str] = ("bfloat16",)):
+    """fa.attention_kvcache with a window of DECODE_WINDOW keys over a longer cache, per dtype: the
+    window's K and V bytes / time, against the copy bandwidth (measured once)."""
     import fa
 
     from timing import time_ms
 
-    q, k, v, seqlens, pages = decode_inputs(DECODE_CASE, getattr(torch, dtype))
     window = (DECODE_WINDOW - 1, 0)
     read_bytes = 2 * DECODE_CASE.batch * DECODE_CASE.heads_kv * DECODE_WINDOW * DECODE_CASE.head_dim * 2
     bandwidth = copy_bandwidth()
     rows = []
-    for impl, kwargs in (("fa", dict(window_size=window)), ("fa plain", {})):
-        ms = time_ms(lambda: fa.attention_kvcache(q, k, v, seqlens, pages, causal=True, **kwargs))
-        bytes_read = read_bytes if impl == "fa" else DECODE_CASE.kv_bytes(2)
-        rows.append({"row": "6 decode window 4096", "dtype": dtype, "shape": DECODE_CASE.label(), "mode": "fwd",
-                     "impl": impl,
-                     "ms": ms, "gbps": bytes_read / (ms * 1e-3) / 1e9, "of_copy": bytes_read / (ms * 1e-3) / bandwidth})
+    for dtype in dtypes:
+        q, k, v, seqlens, pages = decode_inputs(DECODE_CASE, getattr(torch, dtype))
+        for impl, kwargs in (("fa", dict(window_size=window)), ("fa plain", {})):
+            ms = time_ms(lambda: fa.attention_kvcache(q, k, v, seqlens, pages, causal=True, **kwargs))
+            bytes_read = read_bytes if impl == "fa" else DECODE_CASE.kv_bytes(2)
+            rows.append({"row": "6 decode window 4096", "dtype": dtype, "shape": DECODE_CASE.label(), "mode": "fwd",
+                         "impl": impl, "ms": ms, "gbps": bytes_read / (ms * 1e-3) / 1e9,
+                         "of_copy": bytes_read / (ms * 1e-3) / bandwidth})
+        del q, k, v
     return rows, bandwidth
 
 
