@@ -3,6 +3,8 @@
     python benchmarks/profile_ncu.py                                  # (4, 64, 8192, 128) fp16 forward
     python benchmarks/profile_ncu.py --shape 2,64,4096,128 --causal --mode bwd
     python benchmarks/profile_ncu.py --mode bwd --impl flash        # a peer's kernels, same metrics
+    python benchmarks/profile_ncu.py --shape 4,32,8192,128 --causal --window 1023,0 --impl fa3
+    python benchmarks/profile_ncu.py --shape 4,32,8192,128 --softcap 50 --dtype bfloat16
     ncu-ui benchmarks/results/profile-fwd-4x64x8192x128.ncu-rep   # the full report, in the UI
 
 The measured call runs between cudaProfilerStart and cudaProfilerStop, after a warm-up outside
@@ -11,6 +13,8 @@ them (autograd runs backward kernels on its own thread). It runs with --clock-co
 card's own clocks, as the benchmark sees them) and the full metric set. `--impl flash` or `cudnn`
 profiles SDPA's FlashAttention-2 or cuDNN kernels on the same case, for a side-by-side reading.
 Build with -C cmake.define.FA_LINEINFO=ON to map the report's source view onto the CuTe lines.
+--window and --softcap profile the variants (fa and FA3; SDPA's backends take neither): the
+TFLOP/s then count only the (query, key) pairs the mask lets through, as bench.py's.
 """
 
 import argparse
@@ -67,12 +71,22 @@ def parse_shape(text):
     return dims
 
 
+def parse_window(text):
+    window = tuple(int(x) for x in text.strip("()").split(","))
+    if len(window) != 2 or min(window) < -1:
+        raise argparse.ArgumentTypeError("window must be LEFT,RIGHT with each -1 (unbounded) or >= 0")
+    return window
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", type=parse_shape, default=(4, 64, 8192, 128), help="B,H,S,D")
     p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     p.add_argument("--causal", action="store_true")
     p.add_argument("--mode", choices=["fwd", "bwd"], default="fwd")
+    p.add_argument("--window", type=parse_window, default=(-1, -1), metavar="LEFT,RIGHT",
+                   help="window_size, FlashAttention's convention (-1: unbounded)")
+    p.add_argument("--softcap", type=float, default=0.0, help="soft-capping (0: none)")
     p.add_argument("--impl", choices=IMPLS, default="fa", help="fa, or an SDPA backend to compare with")
     p.add_argument("--out", type=Path, default=HERE / "results", help="folder of the .ncu-rep")
     p.add_argument("--ncu", default="ncu", help="the Nsight Compute CLI")
@@ -87,10 +101,28 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def case_flops(shape, causal, mode):
+def mask_pairs(s, causal, window=(-1, -1)):
+    """The (query, key) pairs of an S x S attention the mask lets through."""
+    left, right = window
+    if causal:
+        right = 0
+    if left < 0 and right < 0:
+        return s * s
+    if left < 0 and right == 0:
+        return s * (s + 1) // 2
+    pairs = 0
+    for i in range(s):
+        lo = max(0, i - left) if left >= 0 else 0
+        hi = min(s - 1, i + right) if right >= 0 else s - 1
+        pairs += max(0, hi - lo + 1)
+    return pairs
+
+
+def case_flops(shape, causal, mode, window=(-1, -1)):
+    """4 · B · H · pairs · D forward (pairs = S² / 2 causal, as the benchmark counts it), x2.5 backward."""
     b, h, s, d = shape
-    flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
-    return flops * (2.5 if mode == "bwd" else 1.0)
+    pairs = s * s / 2 if causal and window[0] < 0 else mask_pairs(s, causal, window)
+    return 4.0 * b * h * pairs * d * (2.5 if mode == "bwd" else 1.0)
 
 
 def worker(args) -> int:
@@ -108,30 +140,34 @@ def worker(args) -> int:
     dout = torch.randn(args.shape, device="cuda", dtype=dtype)
     if args.impl.startswith("fa-"):  # fa with its forward's kernel family forced
         os.environ["FA_KERNEL_FAMILY"] = args.impl[3:]
+    window, softcap = tuple(args.window), args.softcap
     if args.impl.startswith("fa") and args.impl != "fa3":
         import fa
 
-        out, lse = torch.ops.fa.forward(q, k, v, None, args.causal)
+        out, lse = torch.ops.fa.forward(q, k, v, None, args.causal, *window, softcap)
 
         def run():
             if args.mode == "fwd":
-                fa.attention(q, k, v, causal=args.causal)
+                fa.attention(q, k, v, causal=args.causal, window_size=window, softcap=softcap)
             else:
-                torch.ops.fa.backward(dout, q, k, v, out, lse, None, args.causal)
+                torch.ops.fa.backward(dout, q, k, v, out, lse, None, args.causal, *window, softcap)
     elif args.impl == "fa3":  # FlashAttention-3 (flash_attn_interface on PYTHONPATH), (B, S, H, D) views
         from flash_attn_interface import flash_attn_func
 
         q3, k3, v3 = (t.transpose(1, 2).requires_grad_(args.mode == "bwd") for t in (q, k, v))
-        out = flash_attn_func(q3, k3, v3, causal=args.causal)
+        variant = dict(causal=args.causal, window_size=window, softcap=softcap)
+        out = flash_attn_func(q3, k3, v3, **variant)
         out = out[0] if isinstance(out, tuple) else out
 
         def run():
             if args.mode == "fwd":
                 with torch.no_grad():
-                    flash_attn_func(q3, k3, v3, causal=args.causal)
+                    flash_attn_func(q3, k3, v3, **variant)
             else:
                 torch.autograd.grad(out, (q3, k3, v3), dout.transpose(1, 2), retain_graph=True)
     else:
+        if window != (-1, -1) or softcap:
+            raise SystemExit(f"profile: --impl {args.impl} (SDPA) takes neither --window nor --softcap")
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -324,9 +360,13 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     shape_tag = "x".join(map(str, args.shape))
     impl_tag = "" if args.impl == "fa" else f"{args.impl}-"
-    report = args.out / f"profile-{impl_tag}{args.mode}-{shape_tag}{'-causal' if args.causal else ''}.ncu-rep"
+    variant_tag = ((f"-window{args.window[0]}_{args.window[1]}" if tuple(args.window) != (-1, -1) else "") +
+                   (f"-softcap{args.softcap:g}" if args.softcap else ""))
+    report = args.out / f"profile-{impl_tag}{args.mode}-{shape_tag}{'-causal' if args.causal else ''}{variant_tag}.ncu-rep"
     worker_cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", ",".join(map(str, args.shape)),
-                  "--dtype", args.dtype, "--mode", args.mode, "--impl", args.impl] + (["--causal"] if args.causal else [])
+                  "--dtype", args.dtype, "--mode", args.mode, "--impl", args.impl,
+                  "--window=" + ",".join(map(str, args.window)), "--softcap", str(args.softcap)] + \
+                 (["--causal"] if args.causal else [])
     extra = [m for m in args.metrics.split(",") if m]
     if extra:
         query = subprocess.run([args.ncu, "--query-metrics"], capture_output=True, text=True).stdout
@@ -337,10 +377,11 @@ def main(argv=None) -> int:
            "--metrics", ",".join(dict.fromkeys(EXTRA_METRICS + extra)), "--import-source", "yes", "--force-overwrite", "--export", str(report.with_suffix(""))] + worker_cmd
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
-    flops = case_flops(args.shape, args.causal, args.mode)
+    flops = case_flops(args.shape, args.causal, args.mode, tuple(args.window))
     print(f"\nreport: {report}  (open with: ncu-ui {report})")
-    print(f"case: {args.impl} {args.shape} {args.dtype} causal={args.causal} {args.mode}, "
-          f"{flops / 1e12:.2f} TFLOP (4·B·H·S²·D{'/2' if args.causal else ''}{' x2.5' if args.mode == 'bwd' else ''})")
+    print(f"case: {args.impl} {args.shape} {args.dtype} causal={args.causal} window={tuple(args.window)} "
+          f"softcap={args.softcap:g} {args.mode}, {flops / 1e12:.2f} TFLOP (4·B·H·pairs·D"
+          f"{' x2.5' if args.mode == 'bwd' else ''}, pairs = those the mask lets through)")
     print(summarize(read_report(args.ncu, report), flops, extra))
     if args.source_top:
         text = subprocess.run([args.ncu, "--import", str(report), "--page", "source", "--csv", "--print-source", "sass"],

@@ -455,6 +455,20 @@ def test_profile_names_the_attention_kernel():
     assert (args.mode, args.impl) == ("bwd", "flash")
 
 
+def test_profile_variants_count_the_pairs_through_the_mask():
+    # The profile's TFLOP/s of a window or soft-capped case count what bench.py's variants suite counts.
+    for causal, window in ((True, (-1, -1)), (True, (1023, 0)), (True, (127, 0)), (False, (30, 9)), (False, (0, 0))):
+        case = variants_suite.VariantCase("x", 2, 4, 4, 3000, 64, causal, window)
+        pairs = case.pairs()
+        assert fa_profile.mask_pairs(3000, causal, window) == pairs
+        if window != (-1, -1):
+            assert fa_profile.case_flops((2, 4, 3000, 64), causal, "bwd", window) == case.flops("bwd")
+    args = fa_profile.parse_args(["--window", "1023,0", "--softcap", "50"])
+    assert (args.window, args.softcap) == ((1023, 0), 50.0)
+    with pytest.raises(SystemExit):
+        fa_profile.parse_args(["--window", "-2,0"])
+
+
 def test_profile_source_hotspots():
     header = '"Address","Source","Warp Stall Sampling (All Samples)","L1 Wavefronts Shared Excessive"\n'
     text = ('"Kernel Name","void fa::backward_preprocess_kernel<cutlass::half_t, 128>(fa::BackwardParams)",\n' + header +
