@@ -90,7 +90,13 @@ def noted_failure(record: Callable[[str], None]):
     except ImportError as err:
         record(f"not importable: {err}")
     except (RuntimeError, TypeError, torch.cuda.OutOfMemoryError) as err:
-        record(f"unavailable: {str(err).splitlines()[0][:80]}")
+        # The first line, and the next ones while a line ends in ':' (a check's location, as in
+        # "mha_fwd, .../flash_api_stable.cpp:", with its message below).
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
+        note, more = lines[0], iter(lines[1:])
+        while note.endswith(":") and (line := next(more, None)) is not None:
+            note += " " + line
+        record(f"unavailable: {note[:120]}")
         torch.cuda.empty_cache()
 
 

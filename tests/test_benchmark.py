@@ -322,7 +322,10 @@ def test_suites_note_what_cannot_run(tmp_path):
         raise ImportError("no module named flash_attn_interface")
     with timing.noted_failure(notes.append):
         raise RuntimeError("no kernel for this\nsecond line")
-    assert notes == ["not importable: no module named flash_attn_interface", "unavailable: no kernel for this"]
+    with timing.noted_failure(notes.append):
+        raise RuntimeError("mha_fwd, /build/flash_api.cpp:\nFlashAttention only supports bf16 here\nstack")
+    assert notes == ["not importable: no module named flash_attn_interface", "unavailable: no kernel for this",
+                     "unavailable: mha_fwd, /build/flash_api.cpp: FlashAttention only supports bf16 here"]
     args = bench.parse_args(["--suite", "varlen", "--out", str(tmp_path), "--name", "run"])
     assert timing.finish_run(args, "default", {"results": []}, []) == 0
     assert json.loads((tmp_path / "run.json").read_text()) == {"results": []}
