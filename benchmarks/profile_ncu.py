@@ -28,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from timing import BACKWARD_FLOP_FACTOR, attention_flops, mask_pairs
+
 HERE = Path(__file__).resolve().parent
 NVTX_RANGE = "fa"  # labels the measured call in the report's NVTX view
 IMPLS = ["fa", "fa-sm90", "fa-sm80", "fa3", "flash", "cudnn"]
@@ -101,28 +103,13 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def mask_pairs(s, causal, window=(-1, -1)):
-    """The (query, key) pairs of an S x S attention the mask lets through."""
-    left, right = window
-    if causal:
-        right = 0
-    if left < 0 and right < 0:
-        return s * s
-    if left < 0 and right == 0:
-        return s * (s + 1) // 2
-    pairs = 0
-    for i in range(s):
-        lo = max(0, i - left) if left >= 0 else 0
-        hi = min(s - 1, i + right) if right >= 0 else s - 1
-        pairs += max(0, hi - lo + 1)
-    return pairs
-
-
 def case_flops(shape, causal, mode, window=(-1, -1)):
-    """4 · B · H · pairs · D forward (pairs = S² / 2 causal, as the benchmark counts it), x2.5 backward."""
+    """bench.py's count: 4 · B · H · S² · D forward (halved causal) without a window, 4 · B · H · pairs · D
+    with one (the pairs the mask lets through, as the variants suite's); x2.5 backward."""
     b, h, s, d = shape
-    pairs = s * s / 2 if causal and window[0] < 0 else mask_pairs(s, causal, window)
-    return 4.0 * b * h * pairs * d * (2.5 if mode == "bwd" else 1.0)
+    if tuple(window) == (-1, -1):
+        return attention_flops(b, h, s, s, d, causal, mode)
+    return 4.0 * b * h * mask_pairs(s, causal, window) * d * (BACKWARD_FLOP_FACTOR if mode == "bwd" else 1.0)
 
 
 def worker(args) -> int:

@@ -37,6 +37,20 @@ def attention_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal, mode="fw
     return flops
 
 
+def mask_pairs(seqlen, causal, window=(-1, -1)) -> int:
+    """The (query, key) pairs of a seqlen x seqlen attention the mask lets through: query i sees key j
+    iff i - left <= j <= i + right (window_size, -1 unbounded; causal sets right to 0)."""
+    left, right = window
+    if causal:
+        right = 0
+    if left < 0 and right < 0:
+        return seqlen * seqlen
+    if left < 0 and right == 0:
+        return seqlen * (seqlen + 1) // 2
+    return sum(max(0, min(seqlen - 1, i + right if right >= 0 else seqlen) - max(0, i - left if left >= 0 else 0) + 1)
+               for i in range(seqlen))
+
+
 def sdpa_backend(name: str):
     from torch.nn.attention import SDPBackend
 

@@ -29,7 +29,7 @@ import dense_suite
 import varlen_suite
 from decode_suite import DecodeCase, copy_bandwidth
 from decode_suite import make_inputs as decode_inputs
-from timing import BACKWARD_FLOP_FACTOR, MISMATCH_TOLERANCE, noted_failure, quartiles, relative_mismatch
+from timing import BACKWARD_FLOP_FACTOR, MISMATCH_TOLERANCE, mask_pairs, noted_failure, quartiles, relative_mismatch
 
 VARIANT_IMPLS = ["fa", "fa3", "fa plain"]
 SECONDS = 2.0
@@ -52,14 +52,7 @@ class VariantCase:
 
     def pairs(self) -> int:
         """(query, key) pairs the mask lets through, per (batch, head)."""
-        s = self.seqlen
-        left, right = self.window
-        if self.causal:
-            right = 0
-        i = torch.arange(s, dtype=torch.int64)
-        lo = torch.clamp(i - left, min=0) if left >= 0 else torch.zeros_like(i)
-        hi = torch.clamp(i + right, max=s - 1) if right >= 0 else torch.full_like(i, s - 1)
-        return int((hi - lo + 1).clamp(min=0).sum())
+        return mask_pairs(self.seqlen, self.causal, self.window)
 
     def flops(self, mode: str) -> float:
         f = 4.0 * self.batch * self.heads_q * self.pairs() * self.head_dim
