@@ -7,10 +7,12 @@ Hk 8, Sq 1, D 128, 8192 keys) paged with page 16 and contiguous; (B 64, Hq 64, H
 2 tensors · element size) / time, beside the card's copy bandwidth measured in the same run (a
 1 GiB device-to-device copy: read + write bytes / time).
 
-Implementations: fa (fa.attention_kvcache), fa3 (FlashAttention-3's flash_attn_with_kvcache, with
+Implementations: fa (fa.attention_kvcache), fa-fp8 (the same with the cache in float8_e4m3fn: the
+16-bit cache divided by one scale and rounded, k_descale / v_descale of that scale for every
+(batch, kv head); its bytes are 1 a value), fa3 (FlashAttention-3's flash_attn_with_kvcache, with
 ../shared/peers/fa3-serving on PYTHONPATH), and SDPA with each backend forced (contiguous rows
 only: it has no paged cache; k and v are the cache's filled part, enable_gqa=True). Every fa output
-is checked against SDPA's (or FA3's on paged rows).
+is checked against SDPA's (or FA3's on paged rows); fa-fp8's against fa on the dequantised cache.
 """
 
 import dataclasses
@@ -21,7 +23,8 @@ import torch.nn.functional as F
 
 from timing import MISMATCH_TOLERANCE, noted_failure, relative_mismatch, sdpa_backend, time_ms
 
-DECODE_IMPLS = ["fa", "fa3", "cudnn", "flash", "efficient"]
+DECODE_IMPLS = ["fa", "fa-fp8", "fa3", "cudnn", "flash", "efficient"]
+FP8 = torch.float8_e4m3fn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,12 +80,35 @@ def make_inputs(case: DecodeCase, dtype):
     return q, k, v, seqlens, order.view(case.batch, pages_per_entry).to(torch.int32)
 
 
+def fp8_inputs(inputs):
+    """make_inputs' tensors with the cache in e4m3 (each of k and v divided by one scale that maps
+    its largest magnitude to e4m3's 448), plus k_descale and v_descale ((B, Hk), that scale), and
+    the dequantised cache in q's dtype (what fa-fp8's output is checked against)."""
+    q, k, v, seqlens, pages = inputs
+    b, hk = q.size(0), k.size(2 if pages is not None else 1)
+    out, dequantised = [q], []
+    descales = []
+    for t in (k, v):
+        scale = t.abs().max().float() / 448.0
+        t8 = (t.float() / scale).to(FP8)
+        out.append(t8)
+        dequantised.append((t8.float() * scale).to(q.dtype))
+        descales.append(scale.expand(b, hk).contiguous())
+    return (*out, seqlens, pages, *descales), (q, *dequantised, seqlens, pages)
+
+
 def make_decode_impl(name: str, case: DecodeCase) -> Callable:
-    """fn(q, k_cache, v_cache, seqlens, page_table) -> (B, Hq, Sq, D) output (causal)."""
+    """fn(q, k_cache, v_cache, seqlens, page_table) -> (B, Hq, Sq, D) output (causal); fa-fp8's
+    takes fp8_inputs' (q, k8, v8, seqlens, page_table, k_descale, v_descale)."""
     if name == "fa":
         import fa
 
         return lambda q, k, v, seqlens, pages: fa.attention_kvcache(q, k, v, seqlens, pages, causal=True)
+    if name == "fa-fp8":
+        import fa
+
+        return lambda q, k, v, seqlens, pages, kd, vd: fa.attention_kvcache(q, k, v, seqlens, pages, causal=True,
+                                                                          k_descale=kd, v_descale=vd)
     if name == "fa3":
         from flash_attn_interface import flash_attn_with_kvcache
 
@@ -123,16 +149,18 @@ def run_decode_suite(dtypes: Sequence[str], impls: Optional[Sequence[str]] = Non
         dtype = getattr(torch, dtype_name)
         for case in cases or DECODE_CASES:
             inputs = make_inputs(case, dtype)
+            inputs8, dequantised = fp8_inputs(inputs) if "fa-fp8" in impls else (None, None)
             outputs = {}
             for impl in impls:
                 row = {"dtype": dtype_name, "case": case.label(), "impl": impl, "ms": None, "gbps": None,
                        "of_copy": None, "note": ""}
+                call_inputs = inputs8 if impl == "fa-fp8" else inputs
                 with noted_failure(lambda note: row.update(note=note)):
                     fn = make_decode_impl(impl, case)
                     with torch.no_grad():
-                        outputs[impl] = fn(*inputs)
-                        row["ms"] = time_ms(lambda fn=fn, inputs=inputs: fn(*inputs))
-                    row["gbps"] = case.kv_bytes(inputs[0].element_size()) / (row["ms"] * 1e-3) / 1e9
+                        outputs[impl] = fn(*call_inputs)
+                        row["ms"] = time_ms(lambda fn=fn, call_inputs=call_inputs: fn(*call_inputs))
+                    row["gbps"] = case.kv_bytes(call_inputs[1].element_size()) / (row["ms"] * 1e-3) / 1e9
                     row["of_copy"] = row["gbps"] * 1e9 / bandwidth
                 rows.append(row)
             ref_name = next((r for r in ("cudnn", "flash", "efficient", "fa3") if r in outputs), None)
@@ -140,7 +168,14 @@ def run_decode_suite(dtypes: Sequence[str], impls: Optional[Sequence[str]] = Non
                 err = relative_mismatch(outputs["fa"], outputs[ref_name])
                 if not err <= MISMATCH_TOLERANCE["fwd"]:
                     mismatches.append(f"decode {dtype_name} {case.label()}: fa differs from {ref_name} by {err:.2e}")
-            del inputs, outputs
+            if "fa-fp8" in outputs:
+                with torch.no_grad():
+                    ref = make_decode_impl("fa", case)(*dequantised)
+                err = relative_mismatch(outputs["fa-fp8"], ref)
+                if not err <= MISMATCH_TOLERANCE["fwd"]:
+                    mismatches.append(f"decode {dtype_name} {case.label()}: fa-fp8 differs from fa on the "
+                                      f"dequantised cache by {err:.2e}")
+            del inputs, inputs8, dequantised, outputs
             torch.cuda.empty_cache()
     return rows, mismatches, bandwidth
 

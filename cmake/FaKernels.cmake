@@ -36,7 +36,13 @@
 # forward kernels for v's head dim below q's and k's, causal off and on, each dtype (entry
 # run_forward_dv, units sm90_fwd_hdim<D>v<Dv>_<dtype>[_causal]); a call runs on the smallest pair
 # that holds its D and Dv. Soft-capping and the backward have none yet.
+#
+# FA_FP8_KV_HEAD_DIMS (of FA_HEAD_DIMS; 64, 128, 256 by default): the Ampere family's KV-cache
+# kernels for float8_e4m3fn caches (entry run_forward_kvcache_fp8, units
+# sm80_kvcache_fp8_hdim<D>_<dtype>, every arch of FA_CUDA_ARCHS); a smaller head dim runs on the
+# next one.
 set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
+set(FA_FP8_KV_SUPPORTED_HEAD_DIMS 32 64 128 256)
 # The Hopper family's native head dims, forward and backward.
 set(FA_SM90_NATIVE_HEAD_DIMS 64 128 256)
 set(FA_SM90_BWD_NATIVE_HEAD_DIMS 64 128 256)
@@ -122,6 +128,21 @@ macro(_fa_generate_pair_units)
   endforeach()
 endmacro()
 
+# The KV-cache units for float8_e4m3fn caches (FA_SM80_FP8_KV_HEAD_DIMS), appended to _sources,
+# and their list for build_config.h (FA_CFG_SM80_FP8_KV_HEAD_DIMS).
+macro(_fa_generate_fp8_kv_units)
+  set(FA_CFG_SM80_FP8_KV_HEAD_DIMS "")
+  foreach(_hdim IN LISTS FA_SM80_FP8_KV_HEAD_DIMS)
+    string(APPEND FA_CFG_SM80_FP8_KV_HEAD_DIMS "${_hdim}, ")
+    foreach(_dtype IN LISTS FA_DTYPES)
+      _fa_generate_unit("sm80_kvcache_fp8_hdim${_hdim}_${_dtype}"
+                        "sm80 kvcache, ${_fa_tag_${_dtype}} queries, float8_e4m3fn cache, head dim ${_hdim}"
+                        sm80 kvcache run_forward_kvcache_fp8 ForwardParams "fa::${_fa_tag_${_dtype}}, ${_hdim}"
+                        "${FA_GENCODE_FLAGS}")
+    endforeach()
+  endforeach()
+endmacro()
+
 foreach(_hdim IN LISTS FA_SOFTCAP_HEAD_DIMS)
   if(NOT _hdim IN_LIST FA_SUPPORTED_HEAD_DIMS)
     message(FATAL_ERROR "fa: FA_SOFTCAP_HEAD_DIMS entry '${_hdim}' is not one of ${FA_SUPPORTED_HEAD_DIMS}")
@@ -147,6 +168,15 @@ if(NOT _fa_ampere_arch AND "90a" IN_LIST FA_CUDA_ARCHS)
     endif()
   endforeach()
 endif()
+set(FA_SM80_FP8_KV_HEAD_DIMS "")
+foreach(_hdim IN LISTS FA_FP8_KV_HEAD_DIMS)
+  if(NOT _hdim IN_LIST FA_FP8_KV_SUPPORTED_HEAD_DIMS)
+    message(FATAL_ERROR "fa: FA_FP8_KV_HEAD_DIMS entry '${_hdim}' is not one of ${FA_FP8_KV_SUPPORTED_HEAD_DIMS}")
+  endif()
+  if(_hdim IN_LIST FA_HEAD_DIMS)
+    list(APPEND FA_SM80_FP8_KV_HEAD_DIMS ${_hdim})
+  endif()
+endforeach()
 set(FA_SM80_SOFTCAP_HEAD_DIMS "")
 set(FA_SM90_SOFTCAP_HEAD_DIMS "")
 foreach(_hdim IN LISTS FA_SOFTCAP_HEAD_DIMS)
@@ -190,6 +220,7 @@ function(fa_add_kernel_library target)
     list(GET _row 0 _family)
     if(_family STREQUAL "sm80" AND NOT _fa_pairs_generated)
       _fa_generate_pair_units()  # (sets FA_FAMILY and the like: read from the row below)
+      _fa_generate_fp8_kv_units()
       set(_fa_pairs_generated TRUE)
     endif()
     list(GET _row 0 FA_FAMILY)
@@ -251,6 +282,7 @@ function(fa_add_kernel_library target)
   endforeach()
   if(NOT _fa_pairs_generated)
     _fa_generate_pair_units()
+    _fa_generate_fp8_kv_units()
   endif()
   foreach(_dtype IN LISTS FA_DTYPES)
     string(TOUPPER "${_dtype}" _up)

@@ -342,6 +342,27 @@ def test_decode_suite_rows_and_bytes():
     assert args.impl == decode_suite.DECODE_IMPLS
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_suite_fp8_inputs(paged):
+    # fa-fp8's cache: e4m3 values whose largest is e4m3's 448, descales (B, Hk) of the one scale,
+    # and the dequantised cache within e4m3's rounding (3 mantissa bits: 2^-4 of a value) of the 16-bit one.
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 1, 64, generator=gen).to(torch.bfloat16)
+    shape = (6, 16, 2, 64) if paged else (3, 2, 32, 64)
+    k, v = (torch.randn(shape, generator=gen).to(torch.bfloat16) * 5 for _ in range(2))
+    pages = torch.arange(6, dtype=torch.int32).view(3, 2) if paged else None
+    seqlens = torch.full((3,), 32, dtype=torch.int32)
+    (q8, k8, v8, s8, p8, kd, vd), (qd, kdq, vdq, _, _) = decode_suite.fp8_inputs((q, k, v, seqlens, pages))
+    assert q8 is q and qd is q and s8 is seqlens and p8 is pages
+    for t, t8, d, deq in ((k, k8, kd, kdq), (v, v8, vd, vdq)):
+        assert t8.dtype == torch.float8_e4m3fn and t8.shape == t.shape
+        assert t8.float().abs().max().item() == 448.0
+        assert d.shape == (3, 2) and d.dtype == torch.float32 and torch.all(d == d[0, 0])
+        assert deq.dtype == torch.bfloat16
+        err = (deq.float() - t.float()).abs() / t.float().abs().clamp_min(d[0, 0].item())
+        assert err.max().item() <= 2**-4 + 2**-8
+
+
 def test_mismatch_check_catches_a_wrong_kernel():
     case = dense_suite.Case(1, 1, 8, 8, False, "fwd")
     good = torch.randn(64)

@@ -29,6 +29,11 @@
 // row over the warps, exactly as split-KV's combine does (common/split_kv.h):
 // lse = log Σ_w exp(lse_w), O = Σ_w exp(lse_w - lse) O_w, and stores them: to out and lse, or, with
 // split-KV, to the fp32 partial results for the combine pass.
+//
+// FP8 cache (Config::kFp8, fp8_kv.h). The slices land as bytes; after its wait, the warp converts
+// tile n's K slice into its 16-bit buffer, computes S from it, then converts the V slice into the
+// same buffer (fp16) for O += P V. The scores are multiplied by the (batch, kv head)'s k_descale
+// (and 2^112 for bf16 queries), the output by its v_descale.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -39,6 +44,7 @@
 #include "common/softcap.h"
 #include "fa/params.h"
 #include "sm80/decode_rows.h"
+#include "sm80/fp8_kv.h"
 #include "sm80/fragments.h"
 #include "sm80/gemm.h"
 #include "sm80/tile_copy.h"
@@ -52,6 +58,9 @@ __global__ void __launch_bounds__(Config::kThreads)
     decode_kernel(const __grid_constant__ ForwardParams params) {
   using namespace cute;
   using Element = typename Config::Element;
+  using ElementKV = typename Config::ElementKV;
+  using ElementPV = typename Config::ElementPV;
+  constexpr bool kFp8 = Config::kFp8;
   constexpr int kRows = Config::kRows;
   constexpr int kWarps = Config::kWarps;
   constexpr int kWarpKeys = Config::kWarpKeys;
@@ -83,37 +92,47 @@ __global__ void __launch_bounds__(Config::kThreads)
   const int tile_begin = window_begin + min(n_tiles, split * per_split);
   const int tile_end = min(window_begin + n_tiles, tile_begin + per_split);
 
-  // Shared memory: the query rows, then each warp's kStages K buffers and kStages V buffers.
-  constexpr int kKVElems = Config::kKVBytes / int(sizeof(Element));
+  // Shared memory: the query rows, then each warp's kStages K buffers and kStages V buffers (and,
+  // FP8, its conversion buffer).
+  constexpr int kKVElems = Config::kKVInBytes / int(sizeof(ElementKV));
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Config::SmemLayoutQ{});
-  Element* warp_kv = reinterpret_cast<Element*>(smem + Config::kQBytes + warp * Config::kWarpBytes);
-  Tensor sK = make_tensor(make_smem_ptr(warp_kv), typename Config::SmemLayoutKV{});  // buffer 0's
-  Tensor sV = make_tensor(make_smem_ptr(warp_kv + kStages * kKVElems), typename Config::SmemLayoutKV{});
-  Tensor sVt = make_tensor(sV.data(), typename Config::SmemLayoutVt{});
-  // A view of buffer `stage` (a compile-time constant: an immediate offset, a whole number of
-  // swizzle periods).
+  char* warp_smem = smem + Config::kQBytes + warp * Config::kWarpBytes;
+  ElementKV* warp_kv = reinterpret_cast<ElementKV*>(warp_smem);
+  Tensor sK = make_tensor(make_smem_ptr(warp_kv), typename Config::SmemLayoutKVIn{});  // buffer 0's
+  Tensor sV = make_tensor(make_smem_ptr(warp_kv + kStages * kKVElems), typename Config::SmemLayoutKVIn{});
+  // What the GEMMs read: buffer 0's K and V, or the conversion buffer.
+  char* gemm_kv = kFp8 ? warp_smem + 2 * kStages * Config::kKVInBytes : warp_smem;
+  Tensor sKg = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(gemm_kv)), typename Config::SmemLayoutKV{});
+  Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<ElementPV*>(kFp8 ? gemm_kv : gemm_kv + Config::kKVInBytes * kStages)),
+                           typename Config::SmemLayoutVt{});
+  // A view of buffer `stage`: a compile-time constant for 16-bit caches (an immediate offset, a
+  // whole number of swizzle periods); a run-time one for FP8 caches, whose buffers only the copies
+  // and the conversion address (with four buffers, twelve instances of the step as for 16-bit
+  // ones were not inlined: ptxas put its accumulators on a 1.8 KB stack frame).
   auto pick = [](auto stage, auto const& buffer0) {
-    return make_tensor(buffer0.data() + decltype(stage)::value * kKVElems, buffer0.layout());
+    return make_tensor(buffer0.data() + int(stage) * kKVElems, buffer0.layout());
   };
 
-  typename Config::GmemCopy gmem_copy;
+  typename Config::GmemCopy gmem_copy;  // the query rows
   auto gmem_thr = gmem_copy.get_thread_slice(lane);
-  Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(KVTile{}));
   Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(QTile{}));
+  const auto col_ok_q = column_predicates(tQcQ, params.head_dim);
+  typename Config::GmemCopyKV gmem_copy_kv;  // the K and V slices
+  auto gmem_thr_kv = gmem_copy_kv.get_thread_slice(lane);
+  Tensor tKVcKV = gmem_thr_kv.partition_S(make_identity_tensor(KVTile{}));
   const auto col_ok = column_predicates(tKVcKV, params.head_dim);
-  static_assert(decltype(size<2>(tKVcKV))::value == decltype(size<2>(tQcQ))::value);
-  Tensor tKsK = gmem_thr.partition_D(sK);
-  Tensor tVsV = gmem_thr.partition_D(sV);
+  Tensor tKsK = gmem_thr_kv.partition_D(sK);
+  Tensor tVsV = gmem_thr_kv.partition_D(sV);
 
   auto rows_of = [&](const void* base, int64_t offset, Strides s) {
-    return make_tensor(make_gmem_ptr(static_cast<const Element*>(base) + offset),
+    return make_tensor(make_gmem_ptr(static_cast<const ElementKV*>(base) + offset),
                        make_shape(seq.seqlen_k, Int<kHeadDim>{}), make_stride(s.row, _1{}));
   };
   // (kWarpKeys, D, slices): slice n · kWarps + warp is this warp's share of key tile n.
-  Tensor tKgK = gmem_thr.partition_S(local_tile(
+  Tensor tKgK = gmem_thr_kv.partition_S(local_tile(
       rows_of(params.k, seq.k_offset(params.k_stride, batch, tile_rows.head_kv), params.k_stride), KVTile{},
       make_coord(_, 0)));
-  Tensor tVgV = gmem_thr.partition_S(local_tile(
+  Tensor tVgV = gmem_thr_kv.partition_S(local_tile(
       rows_of(params.v, seq.k_offset(params.v_stride, batch, tile_rows.head_kv), params.v_stride), KVTile{},
       make_coord(_, 0)));
   // This warp's slice of key tile n into buffer `stage`; only the last tile can be partial
@@ -124,8 +143,8 @@ __global__ void __launch_bounds__(Config::kThreads)
     if (params.page_table != nullptr) {
       const int* pages = params.page_table + batch * params.page_table_stride;
       auto gather = [&](const void* base, const Strides& s, auto&& dst) {
-        const Element* head_base = static_cast<const Element*>(base) + tile_rows.head_kv * s.head;
-        copy_rows_zero_fill(gmem_copy, [&](int row) {
+        const ElementKV* head_base = static_cast<const ElementKV*>(base) + tile_rows.head_kv * s.head;
+        copy_rows_zero_fill(gmem_copy_kv, [&](int row) {
           // A slice past the cache's end zero-fills: its first row's page must still be in the table.
           const int key = min(slice * kWarpKeys + row, seq.seqlen_k - 1);
           return head_base + int64_t(pages[key / params.page_size]) * s.batch + int64_t(key % params.page_size) * s.row;
@@ -136,12 +155,16 @@ __global__ void __launch_bounds__(Config::kThreads)
       return;
     }
     constexpr bool kCheck = decltype(check_rows)::value;
-    copy_tile_zero_fill<kCheck>(gmem_copy, tKgK(_, _, _, slice), pick(stage, tKsK), tKVcKV, col_ok, keys_left);
-    copy_tile_zero_fill<kCheck>(gmem_copy, tVgV(_, _, _, slice), pick(stage, tVsV), tKVcKV, col_ok, keys_left);
+    copy_tile_zero_fill<kCheck>(gmem_copy_kv, tKgK(_, _, _, slice), pick(stage, tKsK), tKVcKV, col_ok, keys_left);
+    copy_tile_zero_fill<kCheck>(gmem_copy_kv, tVgV(_, _, _, slice), pick(stage, tVsV), tKVcKV, col_ok, keys_left);
   };
-  // Calls fn with the buffer of key tile n (n % kStages) as a compile-time constant.
+  // Calls fn with the buffer of key tile n (n % kStages), a compile-time constant but for FP8.
   auto in_buffer_of = [](int n, auto&& fn) {
     const int buffer = n % kStages;
+    if constexpr (kFp8) {
+      fn(buffer);
+      return;
+    }
     if (kStages > 3 && buffer == 3) fn(Int<(kStages > 3 ? 3 : 0)>{});
     else if (kStages > 2 && buffer == 2) fn(Int<(kStages > 2 ? 2 : 0)>{});
     else if (buffer == 1) fn(_1{});
@@ -151,7 +174,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   // Warp 0 copies the query rows (zero-filling those past the group's), as a commit group of its own.
   if (warp == 0) {
     copy_rows_zero_fill(gmem_copy, [&](int r) { return tile_rows.q_row(r); }, gmem_thr.partition_D(sQ), tQcQ,
-                        col_ok, rows_left);
+                        col_ok_q, rows_left);
     cp_async_fence();
   }
   // Tiles n … n-(kStages-2), a commit group each (empty where there is no tile).
@@ -166,10 +189,12 @@ __global__ void __launch_bounds__(Config::kThreads)
 
   typename Config::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(lane);
+  typename Config::TiledMmaO mma_o;  // the same layouts (ElementPV: fp16 for an FP8 cache)
+  auto thr_mma_o = mma_o.get_thread_slice(lane);
   Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K)
-  Tensor tSrK = thr_mma.partition_fragment_B(sK);
-  Tensor tOrVt = thr_mma.partition_fragment_B(sVt);
-  Tensor acc_o = partition_fragment_C(mma, QTile{});
+  Tensor tSrK = thr_mma.partition_fragment_B(sKg);
+  Tensor tOrVt = thr_mma_o.partition_fragment_B(sVt);
+  Tensor acc_o = partition_fragment_C(mma_o, QTile{});
   clear(acc_o);
   Tensor tScS = thr_mma.partition_C(make_identity_tensor(STile{}));
 
@@ -178,10 +203,42 @@ __global__ void __launch_bounds__(Config::kThreads)
   Tensor tSsQ = smem_thr_q.partition_S(sQ);
   auto smem_copy_k = make_tiled_copy_B(typename Config::SmemCopyAtom{}, mma);
   auto smem_thr_k = smem_copy_k.get_thread_slice(lane);
-  auto smem_copy_v = make_tiled_copy_B(typename Config::SmemCopyAtomTransposed{}, mma);
+  auto smem_copy_v = make_tiled_copy_B(typename Config::SmemCopyAtomTransposed{}, mma_o);
   auto smem_thr_v = smem_copy_v.get_thread_slice(lane);
-  Tensor tSsK = smem_thr_k.partition_S(sK);
+  Tensor tSsK = smem_thr_k.partition_S(sKg);
   Tensor tOsVt = smem_thr_v.partition_S(sVt);
+  // The GEMMs' operands of key tile n in buffer `stage`: that buffer's, or the conversion buffer.
+  auto gemm_k = [&](auto stage) {
+    if constexpr (kFp8) return tSsK;
+    else return pick(stage, tSsK);
+  };
+  auto gemm_v = [&](auto stage) {
+    if constexpr (kFp8) return tOsVt;
+    else return pick(stage, tOsVt);
+  };
+  // FP8: the scores' factor (k_descale, and 2^112 for bf16's keys: fp8_kv.h) and the output's.
+  float k_factor = 1.f, v_factor = 1.f;
+  if constexpr (kFp8) {
+    const int hk = tile_rows.head_kv;
+    if (params.k_descale) k_factor = params.k_descale[batch * params.k_descale_stride[0] + hk * params.k_descale_stride[1]];
+    if (params.v_descale) v_factor = params.v_descale[batch * params.v_descale_stride[0] + hk * params.v_descale_stride[1]];
+    if constexpr (!std::is_same_v<Element, cutlass::half_t>) k_factor *= kBf16KeyScale;
+  }
+  // FP8: this warp's K or V slice in buffer `stage` (bytes, row-major) converted into the GEMMs'
+  // buffer (SmemLayoutKV): 16 values a lane a pass (one 16-byte load, two 16-byte stores).
+  auto convert_slice = [&](auto const& slice_in, auto to_bf16) {
+    constexpr int kVectorsPerRow = kHeadDim / 16;
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(raw_pointer_cast(slice_in.data()));
+    uint16_t* dst = reinterpret_cast<uint16_t*>(gemm_kv);
+    CUTE_UNROLL
+    for (int i = lane; i < kWarpKeys * kVectorsPerRow; i += 32) {
+      const int row = i / kVectorsPerRow, col = i % kVectorsPerRow * 16;
+      uint4 lo, hi;
+      e4m3x16_convert<decltype(to_bf16)::value>(*reinterpret_cast<const uint4*>(src + i * 16), lo, hi);
+      *reinterpret_cast<uint4*>(dst + sKg.layout()(row, col)) = lo;
+      *reinterpret_cast<uint4*>(dst + sKg.layout()(row, col + 8)) = hi;
+    }
+  };
 
   // The query rows (warp 0's oldest group) have landed: visible to every warp after the barrier.
   cp_async_wait<kStages - 1>();
@@ -196,17 +253,32 @@ __global__ void __launch_bounds__(Config::kThreads)
     cp_async_wait<kStages - 2>();  // this warp's slices of tile n
     __syncwarp();
     if (n - (kStages - 1) >= tile_begin) {  // into tile n+1's buffer, which this warp is done with
-      load_slice(n - (kStages - 1), Int<(decltype(stage)::value + 1) % kStages>{}, false_type{});
+      if constexpr (kFp8) {
+        load_slice(n - (kStages - 1), stage + 1 == kStages ? 0 : stage + 1, false_type{});
+      } else {
+        load_slice(n - (kStages - 1), Int<(decltype(stage)::value + 1) % kStages>{}, false_type{});
+      }
     }
     cp_async_fence();
+    if constexpr (kFp8) {
+      convert_slice(pick(stage, sK), std::bool_constant<!std::is_same_v<Element, cutlass::half_t>>{});
+      __syncwarp();
+    }
 
     Tensor acc_s = partition_fragment_C(mma, STile{});
     clear(acc_s);
     if constexpr (Config::kQInRegisters) {
-      gemm_regs_smem(acc_s, tSrQ, tSrK, smem_thr_k.retile_D(tSrK), pick(stage, tSsK), smem_copy_k, mma);
+      gemm_regs_smem(acc_s, tSrQ, tSrK, smem_thr_k.retile_D(tSrK), gemm_k(stage), smem_copy_k, mma);
     } else {
       gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q, tSrK, smem_thr_k.retile_D(tSrK),
-                     pick(stage, tSsK), smem_copy_k, mma);
+                     gemm_k(stage), smem_copy_k, mma);
+    }
+    if constexpr (kFp8) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= k_factor;
+      __syncwarp();  // every lane's reads of K are done: V's conversion overwrites the buffer
+      convert_slice(pick(stage, sV), false_type{});
+      __syncwarp();
     }
     // Soft-capping at run time: one instantiation serves every variant (common/softcap.h).
     if (params.softcap_scale != 0.f) softcap_scores(acc_s, params.softcap_scale);
@@ -222,9 +294,9 @@ __global__ void __launch_bounds__(Config::kThreads)
     // A masked slice may hide every key of a row (past the cache's end, or its diagonal).
     softmax.update(scores, out_rows, params.scale_log2);
 
-    Tensor probs = convert_fragment<Element>(acc_s);
+    Tensor probs = convert_fragment<ElementPV>(acc_s);
     Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));
-    gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), pick(stage, tOsVt), smem_copy_v, mma);
+    gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), gemm_v(stage), smem_copy_v, mma_o);
   };
 
   // The tile may hold position 0, which sees the fewest keys, and the last position, which a left
@@ -282,6 +354,10 @@ __global__ void __launch_bounds__(Config::kThreads)
       const float4 a = src[0], b = src[1];
       acc[0] += weight * a.x; acc[1] += weight * a.y; acc[2] += weight * a.z; acc[3] += weight * a.w;
       acc[4] += weight * b.x; acc[5] += weight * b.y; acc[6] += weight * b.z; acc[7] += weight * b.w;
+    }
+    if constexpr (kFp8) {
+      CUTE_UNROLL
+      for (int c = 0; c < 8; ++c) acc[c] *= v_factor;
     }
     if (to_accum) {  // split-KV: this split's normalised output and lse, in fp32
       float4* dst = reinterpret_cast<float4*>(params.out_accum + tile_rows.accum_row(row) * params.head_dim_accum + col);

@@ -112,9 +112,36 @@ namespace fa::sm80 {
 // each with its own kWarpKeys-key slice of every step, its own kStages-deep K/V buffers in shared
 // memory and its own online softmax over kRows (16 or 32) packed query rows; the warps' results are
 // merged once, at the end. One warp covers the rows: its MMA is a column of kRows / 16 m16n8k16 atoms.
-template <class Element_, int kHeadDim_, int kRows_, int kWarps_, int kWarpKeys_, int kStages_>
+//
+// ElementKV: the cache's element type, Element's or cutlass::float_e4m3_t (an FP8 cache; fp8_kv.h).
+// An FP8 cache's slices land in plain row-major buffers of bytes (cp.async, 16 values a copy); each
+// step, the warp converts its K slice into one 16-bit buffer for S = Q Kᵀ and, once S is read, its
+// V slice into the same buffer (fp16) for O += P V, which then runs as an fp16 GEMM.
+template <class T>
+struct TypeIs {
+  using type = T;
+};
+
+// A warp's cp.async copy of rows of kHeadDim one-byte values into a row-major buffer, 16 a thread.
+template <class ElementKV, int kHeadDim>
+struct Fp8RowCopy {
+  static constexpr int kThreadsPerRow = kHeadDim / 16;
+  static_assert(kHeadDim % 16 == 0 && 32 % kThreadsPerRow == 0, "whole rows per copy: head dims 32, 64, 128, 256");
+  using type = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, ElementKV>{},
+      cute::Layout<cute::Shape<cute::Int<32 / kThreadsPerRow>, cute::Int<kThreadsPerRow>>,
+                   cute::Stride<cute::Int<kThreadsPerRow>, cute::_1>>{},
+      cute::Layout<cute::Shape<cute::_1, cute::_16>>{}));
+};
+
+template <class Element_, int kHeadDim_, int kRows_, int kWarps_, int kWarpKeys_, int kStages_,
+          class ElementKV_ = Element_>
 struct DecodeConfig {
   using Element = Element_;
+  using ElementKV = ElementKV_;
+  static constexpr bool kFp8 = !std::is_same_v<ElementKV, Element>;
+  static_assert(!kFp8 || sizeof(ElementKV) == 1);
+  using ElementPV = std::conditional_t<kFp8, cutlass::half_t, Element>;  // P and V in O += P V
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kRows = kRows_;             // packed query rows per CTA
   static constexpr int kWarps = kWarps_;
@@ -124,7 +151,8 @@ struct DecodeConfig {
   static constexpr int kThreads = kWarps * 32;
   static_assert(kHeadDim % 32 == 0 && kRows % 16 == 0 && kWarpKeys % 16 == 0 && kStages >= 2 && kStages <= 4);
 
-  using TiledMma = Sm80TiledMma<Element, 1, 1>;
+  using TiledMma = Sm80TiledMma<Element, 1, 1>;     // S = Q Kᵀ
+  using TiledMmaO = Sm80TiledMma<ElementPV, 1, 1>;  // O += P V
   // Q's fragments stay in registers (kRows · D / 64 a thread) beside O's fp32 accumulator
   // (kRows · D / 32) up to 16 rows × 128; beyond, the two would spill, so Q is read from shared
   // memory each step.
@@ -132,17 +160,26 @@ struct DecodeConfig {
 
   using Smem = SmemTileShape<Element, kHeadDim>;
   using SmemLayoutQ = typename Smem::template TileLayout<kRows>;
-  using SmemLayoutKV = typename Smem::template TileLayout<kWarpKeys>;
+  using SmemLayoutKV = typename Smem::template TileLayout<kWarpKeys>;  // a slice as the GEMMs read it
   using SmemLayoutVt = TransposedLayout<SmemLayoutKV>;
+  // A slice as it lands: SmemLayoutKV, or an FP8 cache's bytes row by row.
+  using SmemLayoutKVIn = std::conditional_t<
+      kFp8, cute::Layout<cute::Shape<cute::Int<kWarpKeys>, cute::Int<kHeadDim>>, cute::Stride<cute::Int<kHeadDim>, cute::_1>>,
+      SmemLayoutKV>;
 
-  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;            // Q, K
-  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;  // V
-  // Each warp copies its own slices (and warp 0 the query rows): a warp-wide cp.async copy.
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;              // Q, K
+  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, ElementPV>;  // V
+  // Each warp copies its own slices (and warp 0 the query rows): a warp-wide cp.async copy, 16
+  // bytes a thread (8 values; an FP8 cache's 16).
   using GmemCopy = typename GmemTileCopy<Element, kHeadDim, 32>::Load;
+  using GmemCopyKV =
+      typename std::conditional_t<kFp8, Fp8RowCopy<ElementKV, kHeadDim>, TypeIs<GmemCopy>>::type;
 
   static constexpr int kQBytes = int(cute::cosize(SmemLayoutQ{})) * int(sizeof(Element));
-  static constexpr int kKVBytes = int(cute::cosize(SmemLayoutKV{})) * int(sizeof(Element));  // one K or V slice
-  static constexpr int kWarpBytes = 2 * kStages * kKVBytes;  // a warp's K and V buffers
+  static constexpr int kKVBytes = int(cute::cosize(SmemLayoutKV{})) * int(sizeof(Element));  // one 16-bit slice
+  static constexpr int kKVInBytes = int(cute::cosize(SmemLayoutKVIn{})) * int(sizeof(ElementKV));  // as it lands
+  // A warp's K and V buffers (and an FP8 cache's conversion buffer).
+  static constexpr int kWarpBytes = 2 * kStages * kKVInBytes + (kFp8 ? kKVBytes : 0);
   // The merge: each warp's normalised fp32 output rows and lse, in the K/V buffers once every warp
   // is done with them. Rows padded by 8 floats: a warp's 8-byte stores of its accumulator (rows
   // lane / 4 and + 8, columns 2 · (lane % 4) + 8j) then fill 32 banks in each half-warp phase.

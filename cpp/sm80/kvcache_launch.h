@@ -114,4 +114,29 @@ cudaError_t run_forward_kvcache(const ForwardParams& params, cudaStream_t stream
   return cudaErrorLaunchOutOfResources;  // no tile fits this device's shared memory
 }
 
+// An FP8 (e4m3) cache's decode kernels: the key-splitting kernel's tiles with bytes in their K/V
+// buffers, one buffer more (the same bytes in flight as a 16-bit cache's) and a 16-bit conversion
+// buffer per warp: 136 KB at 16 rows, 96 KB at 32 (D = 128). Where the 16-row tile does not fit
+// (sm86/sm89's 99 KB) the 32-row one serves up to 16 rows too (D <= 128).
+template <class Element, int kHeadDim, int kRows>
+using DecodeFp8ConfigFor =
+    DecodeConfig<Element, kHeadDim, kRows, DecodeSplitTile<kHeadDim, kRows>::kWarps,
+                 DecodeSplitTile<kHeadDim, kRows>::kWarpKeys, DecodeSplitTile<kHeadDim, kRows>::kStages + 1,
+                 cutlass::float_e4m3_t>;
+
+template <class ElementTag, int kHeadDim>
+cudaError_t run_forward_kvcache_fp8(const ForwardParams& params, cudaStream_t stream) {
+  using Element = cutlass_element_t<ElementTag>;
+  const int rows = params.seqlen_q * (params.heads_q / params.heads_kv);
+  const int smem = smem_optin_bytes();
+  using Rows16 = DecodeFp8ConfigFor<Element, kHeadDim, 16>;
+  if (rows <= 16 && Rows16::kSmemBytes <= smem) return launch_decode<Rows16>(params, stream);
+  if constexpr (kHeadDim <= 128) {
+    using Rows32 = DecodeFp8ConfigFor<Element, kHeadDim, 32>;
+    static_assert(Rows32::kSmemBytes <= kLeastOptinSmemBytes, "an FP8 KV-cache tile for sm86/sm89");
+    if (rows <= fp8_kvcache_max_rows(kHeadDim) && Rows32::kSmemBytes <= smem) return launch_decode<Rows32>(params, stream);
+  }
+  return rows > fp8_kvcache_max_rows(kHeadDim) ? cudaErrorInvalidValue : cudaErrorLaunchOutOfResources;
+}
+
 }  // namespace fa::sm80

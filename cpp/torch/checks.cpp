@@ -59,7 +59,8 @@ bool half_type(ScalarType t) { return t == ScalarType::Half || t == ScalarType::
 // A 4-D (batch, heads, seqlen, head_dim) or, packed for a variable-length batch, a 3-D
 // (total, heads, head_dim) fp16/bf16 tensor (or float32 on the CPU) with stride 1 in its last
 // dimension.
-void check_attention_tensor(const char* op, const char* name, const Tensor& t, bool packed = false) {
+void check_attention_tensor(const char* op, const char* name, const Tensor& t, bool packed = false,
+                            bool fp8 = false) {
   FA_CHECK(t.defined(), op, ": ", name, " is undefined");
   if (packed) {
     FA_CHECK(t.dim() == 3, op, ": ", name, " must be 3-D (total, heads, head_dim), got shape ", shape_of(t));
@@ -67,9 +68,14 @@ void check_attention_tensor(const char* op, const char* name, const Tensor& t, b
     FA_CHECK(t.dim() == 4, op, ": ", name, " must be 4-D (batch, heads, seqlen, head_dim), got shape ",
              shape_of(t));
   }
-  FA_CHECK(half_type(t.scalar_type()) || (t.scalar_type() == ScalarType::Float && t.is_cpu()), op, ": ", name,
-           ".dtype must be float16 or bfloat16 (float32 too on the CPU), got ", dtype_name(t.scalar_type()),
-           t.is_cuda() ? " on CUDA" : "");
+  if (fp8) {
+    FA_CHECK(t.scalar_type() == ScalarType::Float8_e4m3fn, op, ": ", name, ".dtype must be float8_e4m3fn, got ",
+             dtype_name(t.scalar_type()));
+  } else {
+    FA_CHECK(half_type(t.scalar_type()) || (t.scalar_type() == ScalarType::Float && t.is_cpu()), op, ": ", name,
+             ".dtype must be float16 or bfloat16 (float32 too on the CPU), got ", dtype_name(t.scalar_type()),
+             t.is_cuda() ? " on CUDA" : "");
+  }
   FA_CHECK(t.is_cpu() || t.is_cuda(), op, ": ", name, " must be a CPU or CUDA tensor, got ",
            device_name(t));
   const int64_t last = t.dim() - 1;
@@ -91,9 +97,15 @@ namespace {
 
 // What q, k and v must share in either layout: dtype, device, q's and k's head_dim, the allowed
 // values of it and of v's, and query heads divisible by key/value heads.
-void check_heads(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s) {
-  check_same_kind(op, "k", k, q);
-  check_same_kind(op, "v", v, q);
+void check_heads(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s,
+                 bool kv_dtype_checked = false) {
+  if (kv_dtype_checked) {  // an FP8 cache: the device alone
+    FA_CHECK(same_device(k, q) && same_device(v, q), op, ": k_cache is on ", device_name(k), " and v_cache on ",
+             device_name(v), " but q is on ", device_name(q), "; all inputs must be on one device");
+  } else {
+    check_same_kind(op, "k", k, q);
+    check_same_kind(op, "v", v, q);
+  }
   const int64_t last = q.dim() - 1;
   FA_CHECK(k.size(last) == s.head_dim, op, ": k must have q's head_dim ", str_of(s.head_dim), ", got ",
            str_of(k.size(last)));
@@ -181,11 +193,17 @@ VarlenShape check_varlen_inputs(const char* op, const Tensor& q, const Tensor& k
 KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                   const Tensor& cache_seqlens, const std::optional<Tensor>& page_table,
                                   const std::optional<Tensor>& cache_leftpad,
-                                  int64_t num_splits) {
+                                  int64_t num_splits, const std::optional<Tensor>& k_descale,
+                                  const std::optional<Tensor>& v_descale) {
   constexpr const char* op = "fa.forward_kvcache";
   check_attention_tensor(op, "q", q);
-  check_attention_tensor(op, "k_cache", k_cache);
-  check_attention_tensor(op, "v_cache", v_cache);
+  FA_CHECK(k_cache.defined() && v_cache.defined(), op, ": k_cache and v_cache must be defined");
+  const bool fp8 = k_cache.scalar_type() == ScalarType::Float8_e4m3fn;
+  FA_CHECK(fp8 == (v_cache.scalar_type() == ScalarType::Float8_e4m3fn), op,
+           ": k_cache and v_cache must both have q's dtype or both be float8_e4m3fn, got ",
+           dtype_name(k_cache.scalar_type()), " and ", dtype_name(v_cache.scalar_type()));
+  check_attention_tensor(op, "k_cache", k_cache, false, fp8);
+  check_attention_tensor(op, "v_cache", v_cache, false, fp8);
   FA_CHECK(same_rows(k_cache, v_cache), op, ": k_cache and v_cache must have the same shape but for their head ",
            "dims, got ", shape_of(k_cache), " and ", shape_of(v_cache));
   KVCacheShape s;
@@ -234,7 +252,20 @@ KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const 
   }
   FA_CHECK(num_splits >= 0 && num_splits <= kMaxSplits, op, ": num_splits must be in [0, ", str_of(kMaxSplits),
            "] (0 chooses), got ", str_of(num_splits));
-  check_heads(op, q, k_cache, v_cache, s);
+  check_heads(op, q, k_cache, v_cache, s, fp8);
+  s.fp8 = fp8;
+  auto check_descale = [&](const char* name, const std::optional<Tensor>& t) {
+    if (!t) return;
+    FA_CHECK(fp8, op, ": ", name, " applies to float8_e4m3fn caches; k_cache is ", dtype_name(k_cache.scalar_type()));
+    FA_CHECK(t->scalar_type() == ScalarType::Float, op, ": ", name, ".dtype must be float32, got ",
+             dtype_name(t->scalar_type()));
+    FA_CHECK(t->dim() == 2 && t->size(0) == s.batch && t->size(1) == s.heads_kv, op, ": ", name,
+             " must be (batch, heads_kv) = (", str_of(s.batch), ", ", str_of(s.heads_kv), "), got shape ",
+             shape_of(*t));
+    FA_CHECK(same_device(*t, q), op, ": ", name, " is on ", device_name(*t), " but q is on ", device_name(q));
+  };
+  check_descale("k_descale", k_descale);
+  check_descale("v_descale", v_descale);
   return s;
 }
 

@@ -31,6 +31,7 @@ struct VarlenShape : AttentionShape {
 struct KVCacheShape : AttentionShape {
   int64_t page_size = 0;  // 0: a contiguous cache
   int64_t max_pages = 0;  // page_table's columns
+  bool fp8 = false;       // float8_e4m3fn k_cache and v_cache (with optional k_descale, v_descale)
 };
 
 inline constexpr int64_t kMaxHeadDim = 256;
@@ -63,10 +64,13 @@ VarlenShape check_varlen_backward_inputs(const Tensor& dout, const Tensor& q, co
 // fa.forward_kvcache: q (B, Hq, Sq, D); k_cache (B, Hk, S_cap, D) and v_cache (B, Hk, S_cap, Dv), or
 // with page_table (int32 (B, max_pages)) (num_pages, page_size, Hk, D or Dv); cache_seqlens int32 (B,); cache_leftpad
 // int32 (B,), contiguous caches only; num_splits in [0, kMaxSplits]. Index values are not read.
+// The caches have q's dtype, or both float8_e4m3fn; k_descale and v_descale, float32 (B, Hk) on
+// q's device, only with those.
 KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                   const Tensor& cache_seqlens, const std::optional<Tensor>& page_table,
                                   const std::optional<Tensor>& cache_leftpad,
-                                  int64_t num_splits);
+                                  int64_t num_splits, const std::optional<Tensor>& k_descale,
+                                  const std::optional<Tensor>& v_descale);
 
 // The attention variants every op takes beside causal: a sliding window, logit soft-capping and
 // per-head sink logits (FlashAttention's window_size and softcap conventions).

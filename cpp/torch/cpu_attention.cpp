@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Float8_e4m3fn.h>
 #include <torch/headeronly/util/Half.h>
 
 #include "checks.h"
@@ -210,11 +211,28 @@ class Batch {
   std::optional<Tensor> page_table_;
 };
 
-template <class T>
+// An FP8 cache's factors: keys and values of (batch entry b, kv head h) times descale[b, h] (1
+// where the call gave none).
+struct Descales {
+  std::optional<Tensor> k, v;
+  static float at(const std::optional<Tensor>& t, int64_t b, int64_t h) {
+    return t ? static_cast<const float*>(t->data_ptr())[b * t->stride(0) + h * t->stride(1)] : 1.f;
+  }
+};
+
+void scale_rows(std::vector<float>& rows, float factor) {
+  if (factor != 1.f) {
+    for (float& x : rows) x *= factor;
+  }
+}
+
+// T: q's and the output's element type; TKV: k's and v's (T's, or an FP8 cache's).
+template <class T, class TKV = T>
 void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const ForwardOutputs& o,
-                  const Batch& batch, float scale, const Variant& variant) {
+                  const Batch& batch, float scale, const Variant& variant, const Descales& descales = {}) {
   const bool packed = batch.packed();
-  const auto q = Rows<const T>::attention(q_t, packed), k = batch.kv_rows<T>(k_t), v = batch.kv_rows<T>(v_t);
+  const auto q = Rows<const T>::attention(q_t, packed);
+  const auto k = batch.kv_rows<TKV>(k_t), v = batch.kv_rows<TKV>(v_t);
   const float* sinks = variant.sinks ? static_cast<const float*>(variant.sinks->data_ptr()) : nullptr;
   const auto out = Rows<T>::attention(o.out, packed);
   const auto lse = Rows<float>::lse(o.lse, packed);
@@ -227,6 +245,8 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
     for (int64_t hk = 0; hk < s.heads_kv; ++hk) {
       load_rows(k, b, hk, k0, s.seqlen_k, d, keys.data());
       load_rows(v, b, hk, k0, s.seqlen_k, dv, values.data());
+      scale_rows(keys, Descales::at(descales.k, b, hk));
+      scale_rows(values, Descales::at(descales.v, b, hk));
       // The group's query heads stacked as rows: (hq, i) for hq in the group, i < Sq.
       parallel_for(group * s.seqlen_q, [&](int64_t begin, int64_t end) {
         std::vector<float> query(d), acc(dv), scores(s.seqlen_k);
@@ -360,6 +380,21 @@ void forward_any(const Tensor& q, Args&&... args) {
   }
 }
 
+// The KV cache's forward: forward_any, with float8_e4m3fn caches too.
+template <class... Args>
+void forward_kvcache_any(const Tensor& q, const Tensor& k_cache, Args&&... args) {
+  using Fp8 = torch::headeronly::Float8_e4m3fn;
+  if (k_cache.scalar_type() != ScalarType::Float8_e4m3fn) {
+    forward_any(q, k_cache, std::forward<Args>(args)...);
+  } else if (q.scalar_type() == ScalarType::Half) {
+    forward_impl<torch::headeronly::Half, Fp8>(q, k_cache, std::forward<Args>(args)...);
+  } else if (q.scalar_type() == ScalarType::Float) {
+    forward_impl<float, Fp8>(q, k_cache, std::forward<Args>(args)...);
+  } else {
+    forward_impl<torch::headeronly::BFloat16, Fp8>(q, k_cache, std::forward<Args>(args)...);
+  }
+}
+
 template <class... Args>
 void backward_any(const Tensor& dout, const Tensor& q, Args&&... args) {
   if (q.scalar_type() == ScalarType::Half) {
@@ -404,17 +439,19 @@ std::tuple<Tensor, Tensor> forward_kvcache_cpu(const Tensor& q, const Tensor& k_
                                                const Tensor& cache_seqlens, std::optional<Tensor> page_table,
                                                std::optional<double> softmax_scale, bool causal, int64_t num_splits,
                                                int64_t window_left, int64_t window_right, double softcap,
-                                               std::optional<Tensor> sinks, std::optional<Tensor> cache_leftpad) {
+                                               std::optional<Tensor> sinks, std::optional<Tensor> cache_leftpad,
+                                               std::optional<Tensor> k_descale, std::optional<Tensor> v_descale) {
   constexpr const char* op = "fa.forward_kvcache";
-  const KVCacheShape s =
-      check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, page_table, cache_leftpad, num_splits);
+  const KVCacheShape s = check_kvcache_inputs(q, k_cache, v_cache, cache_seqlens, page_table, cache_leftpad,
+                                              num_splits, k_descale, v_descale);
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   if (page_table) page_table = dense_last_dim(*page_table);
   const Batch batch(op, s, cache_seqlens, page_table, page_table ? k_cache.size(0) : 0, cache_leftpad);
   ForwardOutputs o = allocate_forward_outputs(q, s);
   if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
-  forward_any(q, k_cache, v_cache, o, batch, scale, variant);  // num_splits: one pass on the CPU
+  // num_splits: one pass on the CPU.
+  forward_kvcache_any(q, k_cache, v_cache, o, batch, scale, variant, Descales{k_descale, v_descale});
   return {o.out, o.lse};
 }
 

@@ -27,7 +27,8 @@ std::tuple<Tensor, Tensor> forward_kvcache_cpu(const Tensor& q, const Tensor& k_
                                                const Tensor& cache_seqlens, std::optional<Tensor> page_table,
                                                std::optional<double> softmax_scale, bool causal, int64_t num_splits,
                                                int64_t window_left, int64_t window_right, double softcap,
-                                               std::optional<Tensor> sinks, std::optional<Tensor> cache_leftpad);
+                                               std::optional<Tensor> sinks, std::optional<Tensor> cache_leftpad,
+                                               std::optional<Tensor> k_descale, std::optional<Tensor> v_descale);
 
 // Variable-length batches (fa::forward_varlen / fa::backward_varlen). Here, unlike on CUDA, the
 // values of cu_seqlens_q / cu_seqlens_k are checked (reading them costs nothing on the CPU).

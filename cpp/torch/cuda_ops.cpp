@@ -60,11 +60,12 @@ std::string check_device(const Tensor& t, const char* op) {
 }
 
 // The kernels read and write 16-byte vectors, so every row must start 16-byte aligned: the data
-// pointer and the batch, head and row strides in multiples of 8 elements. A view that is not (an
-// odd storage offset, say) is copied; outputs are allocated aligned.
+// pointer and the batch, head and row strides in multiples of 8 elements (16 of one byte: an FP8
+// cache). A view that is not (an odd storage offset, say) is copied; outputs are allocated aligned.
 Tensor aligned_for_kernels(const Tensor& t) {
+  const int64_t vector = t.scalar_type() == ScalarType::Float8_e4m3fn ? 16 : 8;
   bool aligned = reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
-  for (int d = 0; d + 1 < t.dim(); ++d) aligned = aligned && (t.size(d) <= 1 || t.stride(d) % 8 == 0);
+  for (int d = 0; d + 1 < t.dim(); ++d) aligned = aligned && (t.size(d) <= 1 || t.stride(d) % vector == 0);
   return aligned ? t : contiguous_copy(t);
 }
 
@@ -509,15 +510,42 @@ int64_t default_splits(const KVCacheShape& s, const Variant& v, const Tensor& q)
   return std::max<int64_t>(1, std::min({sms / ctas, (keys + 255) / 256, kMaxSplits}));
 }
 
+// An FP8 cache's kernel head dim for a call (the smallest of FA_FP8_KV_HEAD_DIMS holding it), after
+// the checks only those kernels need: a head dim in whole 16-byte vectors of bytes, and at most
+// fp8_kvcache_max_rows query rows a kv head.
+int fp8_kvcache_head_dim(const KVCacheShape& s, const char* op) {
+  FA_CHECK(s.head_dim % 16 == 0, op, ": with float8_e4m3fn caches on CUDA, head_dim must be a multiple of 16, got ",
+           str_of(s.head_dim));
+  int best = 0;
+  std::string built;
+  for (int d : build_config::kSm80Fp8KvHeadDims) {
+    if (d == 0) continue;
+    built += " " + str_of(int64_t(d));
+    if (d >= s.head_dim && (best == 0 || d < best)) best = d;
+  }
+  FA_CHECK(best != 0, op, ": float8_e4m3fn caches at head_dim ", str_of(s.head_dim),
+           " need a kernel for a head dim >= it; this build has them for head dims",
+           built.empty() ? " (none)" : built, " (FA_FP8_KV_HEAD_DIMS)");
+  const int64_t rows = s.group_size() * s.seqlen_q;
+  FA_CHECK(rows <= fp8_kvcache_max_rows(best), op, ": with float8_e4m3fn caches, a kv head's query rows ",
+           "(heads_q / heads_kv · seqlen_q) may be at most ", str_of(int64_t(fp8_kvcache_max_rows(best))),
+           " at head_dim ", str_of(s.head_dim), " (the decode kernel's tile), got ", str_of(s.group_size()), " · ",
+           str_of(s.seqlen_q), " = ", str_of(rows), "; attend longer query runs to a 16-bit copy of the keys ",
+           "and values, or in chunks of seqlen_q");
+  return best;
+}
+
 std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                                 const Tensor& cache_seqlens_in, std::optional<Tensor> page_table_in,
                                                 std::optional<double> softmax_scale, bool causal, int64_t num_splits,
                                                 int64_t window_left, int64_t window_right, double softcap,
-                                                std::optional<Tensor> sinks, std::optional<Tensor> cache_leftpad_in) {
+                                                std::optional<Tensor> sinks, std::optional<Tensor> cache_leftpad_in,
+                                                std::optional<Tensor> k_descale, std::optional<Tensor> v_descale) {
   constexpr const char* op = "fa.forward_kvcache";
-  const KVCacheShape s =
-      check_kvcache_inputs(q_in, k_in, v_in, cache_seqlens_in, page_table_in, cache_leftpad_in, num_splits);
+  const KVCacheShape s = check_kvcache_inputs(q_in, k_in, v_in, cache_seqlens_in, page_table_in, cache_leftpad_in,
+                                              num_splits, k_descale, v_descale);
   check_one_head_dim(s, op);
+  const int fp8_head_dim = s.fp8 ? fp8_kvcache_head_dim(s, op) : 0;
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
@@ -561,10 +589,41 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
   }
   // Decoding is bound by memory bandwidth: the Ampere family serves it on every GPU. Its KV-cache
   // kernels take the mask at run time (one instantiation serves all).
-  const cudaError_t err = dispatch<Family::kSm80, Direction::kForward>(
-      q.scalar_type(), kernel_head_dim(s.head_dim, op), op, [&](auto tag, auto hd) {
-        return sm80::run_forward_kvcache<decltype(tag), decltype(hd)::value>(p, current_stream(q));
-      });
+  cudaError_t err;
+  if (s.fp8) {
+    auto descale = [](const std::optional<Tensor>& t, const float*& ptr, int64_t (&stride)[2]) {
+      if (!t) return;
+      ptr = static_cast<const float*>(t->data_ptr());
+      stride[0] = t->stride(0);
+      stride[1] = t->stride(1);
+    };
+    descale(k_descale, p.k_descale, p.k_descale_stride);
+    descale(v_descale, p.v_descale, p.v_descale_stride);
+    err = dispatch_dtype(q.scalar_type(), op, [&](auto tag) -> cudaError_t {
+      switch (fp8_head_dim) {
+#define FA_FP8_HEAD_DIM_CASE(D)                                                              \
+  case D:                                                                                    \
+    if constexpr (build_config::listed(build_config::kSm80Fp8KvHeadDims, D)) {               \
+      return sm80::run_forward_kvcache_fp8<decltype(tag), D>(p, current_stream(q));          \
+    }                                                                                        \
+    break;
+        FA_FP8_HEAD_DIM_CASE(32)
+        FA_FP8_HEAD_DIM_CASE(64)
+        FA_FP8_HEAD_DIM_CASE(128)
+        FA_FP8_HEAD_DIM_CASE(256)
+#undef FA_FP8_HEAD_DIM_CASE
+      }
+      fail(op, ": no float8_e4m3fn KV-cache kernel for head dim ", str_of(int64_t(fp8_head_dim)));
+    });
+    FA_CHECK(err != cudaErrorLaunchOutOfResources, op, ": no float8_e4m3fn KV-cache tile at head dim ",
+             str_of(int64_t(fp8_head_dim)), " fits this device's shared memory (",
+             device_name(q), "); use a 16-bit cache here");
+  } else {
+    err = dispatch<Family::kSm80, Direction::kForward>(
+        q.scalar_type(), kernel_head_dim(s.head_dim, op), op, [&](auto tag, auto hd) {
+          return sm80::run_forward_kvcache<decltype(tag), decltype(hd)::value>(p, current_stream(q));
+        });
+  }
   if (err != cudaSuccess) raise_launch_error(err, q, op);
   return {o.out, o.lse};
 }

@@ -30,7 +30,7 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda_not_built(Tensor, Tensor, Tensor,
 
 std::tuple<Tensor, Tensor> forward_kvcache_cuda_not_built(Tensor, Tensor, Tensor, Tensor, std::optional<Tensor>,
                                                           std::optional<double>, bool, int64_t, int64_t, int64_t, double, std::optional<Tensor>,
-                                                          std::optional<Tensor>) {
+                                                          std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>) {
   cuda_not_built("fa.forward_kvcache");
 }
 
@@ -64,7 +64,8 @@ STABLE_TORCH_LIBRARY(fa, m) {
       "forward_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens,"
       " Tensor? page_table=None, float? softmax_scale=None, bool causal=True, int num_splits=0,"
       " int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? sinks=None,"
-      " Tensor? cache_leftpad=None) -> (Tensor out, Tensor softmax_lse)");
+      " Tensor? cache_leftpad=None, Tensor? k_descale=None, Tensor? v_descale=None)"
+      " -> (Tensor out, Tensor softmax_lse)");
   m.def(
       "backward_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse,"
       " Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,"

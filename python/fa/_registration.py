@@ -93,11 +93,17 @@ def _backward_varlen_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seql
 
 @torch.library.register_fake("fa::forward_kvcache")
 def _forward_kvcache_fake(q, k_cache, v_cache, cache_seqlens, page_table=None, softmax_scale=None, causal=True,
-                          num_splits=0, window_left=-1, window_right=-1, softcap=0.0, sinks=None, cache_leftpad=None):
+                          num_splits=0, window_left=-1, window_right=-1, softcap=0.0, sinks=None, cache_leftpad=None,
+                          k_descale=None, v_descale=None):
     torch._check(q.dim() == 4, lambda: "fa.forward_kvcache: q must be 4-D (batch, heads, seqlen, head_dim)")
     _check_variant("fa.forward_kvcache", q, window_left, window_right, softcap, sinks, q.size(1))
-    torch._check(k_cache.dtype == q.dtype and v_cache.dtype == q.dtype,
-                 lambda: "fa.forward_kvcache: k_cache and v_cache must have q's dtype")
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    torch._check((k_cache.dtype == q.dtype or fp8) and v_cache.dtype == k_cache.dtype,
+                 lambda: "fa.forward_kvcache: k_cache and v_cache must both have q's dtype or both be float8_e4m3fn")
+    for name, descale in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if descale is not None:
+            torch._check(fp8, lambda: f"fa.forward_kvcache: {name} applies to float8_e4m3fn caches")
+            torch._check(descale.dtype == torch.float32, lambda: f"fa.forward_kvcache: {name}.dtype must be float32")
     torch._check(cache_seqlens.dtype == torch.int32, lambda: "fa.forward_kvcache: cache_seqlens must be int32")
     if cache_leftpad is not None:
         torch._check(page_table is None, lambda: "fa.forward_kvcache: cache_leftpad is for contiguous caches")

@@ -178,6 +178,8 @@ def attention_kvcache(
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
     cache_leftpad: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention of new queries against a key/value cache, for decoding (inference only: asking
@@ -202,6 +204,12 @@ def attention_kvcache(
         cache_leftpad: int32 ``(B,)``, contiguous caches only: batch ``b``'s keys are
             ``[cache_leftpad[b], cache_seqlens[b])`` of its cache (left-padded batches, as
             flash-attn's ``cache_leftpad``); its first key is key 0 for ``causal`` and windows.
+        k_descale, v_descale: with ``torch.float8_e4m3fn`` caches (both of them; q stays
+            fp16/bf16, and so does the output): float32 ``(B, Hk)``, the factor each (batch entry,
+            kv head)'s keys / values are multiplied by (FlashAttention-3's names and layout; ``None``
+            is 1). The scores are ``q · (k · k_descale)``, the output ``P (v · v_descale)``. On CUDA
+            an FP8 cache takes head dims that are multiples of 16 and at most 32 query rows per kv
+            head (``Hq / Hk · Sq``; 16 at head dim 256): decoding and speculative decoding.
 
     Appending the new keys and values to the cache is the caller's job (as in vLLM), before this
     call. On CUDA the values of ``cache_seqlens``, ``cache_leftpad`` and ``page_table`` are not
@@ -213,5 +221,6 @@ def attention_kvcache(
         float32.
     """
     out, lse = torch.ops.fa.forward_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, scale, causal, num_splits,
-                                            *_window(window_size), float(softcap), sinks, cache_leftpad)
+                                            *_window(window_size), float(softcap), sinks, cache_leftpad,
+                                            k_descale, v_descale)
     return (out, lse) if return_lse else out

@@ -29,6 +29,9 @@ inline constexpr int kDecodeBlockM = 64;
 // (sm80/decode_kernel.h) serves the call with a 16- or 32-row tile where the device's shared memory
 // allows it; where the 64-row tile serves up to 32 rows instead, the CTA count is the same.
 constexpr int decode_block_m(long long rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : kDecodeBlockM; }
+// The query rows (group · seqlen_q) a KV-cache call with float8_e4m3fn caches may have at kernel
+// head dim head_dim: only the key-splitting decode kernel reads FP8 caches (sm80/kvcache_launch.h).
+constexpr int fp8_kvcache_max_rows(int head_dim) { return head_dim <= 128 ? 32 : 16; }
 
 namespace sm80 {
 
@@ -40,6 +43,12 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
 // soft-capping params.softcap_scale.
 template <class ElementTag, int kHeadDim>
 cudaError_t run_forward_kvcache(const ForwardParams& params, cudaStream_t stream);
+
+// The same with float8_e4m3fn k and v caches (params.k_descale, v_descale): the key-splitting
+// decode kernel, up to 32 query rows a kv head (group · seqlen_q) at head dims up to 128, 16 at
+// 256 (cudaErrorInvalidValue beyond).
+template <class ElementTag, int kHeadDim>
+cudaError_t run_forward_kvcache_fp8(const ForwardParams& params, cudaStream_t stream);
 
 template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);

@@ -94,6 +94,13 @@ struct ForwardParams {
   // the softmax's on the capped scores (softcap, softcap · log2 e); the backward keeps scale as the
   // call's own (dQ and dK are scaled by it).
   float softcap_scale = 0.f;
+  // An FP8 KV cache (fa.forward_kvcache with float8_e4m3fn k and v; the Ampere family's decode
+  // kernel): the factors each (batch entry, kv head)'s keys and values are multiplied by, float32
+  // (B, Hk) at these element strides (batch, head), else null (1).
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t k_descale_stride[2] = {0, 0};
+  int64_t v_descale_stride[2] = {0, 0};
 };
 
 // Gradients of the forward above. The forward's pointers are read again (out as dO's partner).
