@@ -42,7 +42,7 @@
 # sm80_kvcache_fp8_hdim<D>_<dtype>, every arch of FA_CUDA_ARCHS); a smaller head dim runs on the
 # next one.
 set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
-set(FA_FP8_KV_SUPPORTED_HEAD_DIMS 32 64 128 256)
+set(FA_FP8_KV_SUPPORTED_HEAD_DIMS 64 128 256)
 # The Hopper family's native head dims, forward and backward.
 set(FA_SM90_NATIVE_HEAD_DIMS 64 128 256)
 set(FA_SM90_BWD_NATIVE_HEAD_DIMS 64 128 256)

@@ -29,9 +29,9 @@ def make_fp8_cache(used, hq, hk, sq, d, dtype, device, page_size=None, descale=T
     q, k, v, seqlens, pages, keys, values = make_cache(used, hq, hk, sq, d, torch.float32, "cpu",
                                                        capacity=max(used + [1]), page_size=page_size, seed=seed)
     gen = torch.Generator().manual_seed(seed + 1)
-    k8, v8 = (k * magnitude).to(FP8), (v * magnitude).to(FP8)
-    keys8 = [(t * magnitude).to(FP8) for t in keys]
-    values8 = [(t * magnitude).to(FP8) for t in values]
+    quantise = lambda t: (t * magnitude).clamp(-448, 448).to(FP8)  # noqa: E731 (e4m3 has no infinity)
+    k8, v8 = quantise(k), quantise(v)
+    keys8, values8 = [quantise(t) for t in keys], [quantise(t) for t in values]
     b = len(used)
     kd = vd = None
     if descale:
@@ -108,7 +108,8 @@ def test_splits_give_the_same_answer(device, hq, page_size):
     one, lse_one = check(*args, num_splits=1)
     for splits in (3, 13, 128):  # 128: most splits see no key tile
         many, lse_many = check(*args, num_splits=splits)
-        torch.testing.assert_close(many, one, atol=2e-3, rtol=0)
+        # Within an ulp or two of the output's largest value (v_descale scales it up to 4x).
+        torch.testing.assert_close(many, one, atol=2e-3 * max(1.0, one.abs().max().item()), rtol=0)
         torch.testing.assert_close(lse_many, lse_one, atol=1e-4, rtol=0)
 
 

@@ -30,10 +30,19 @@
 // lse = log Σ_w exp(lse_w), O = Σ_w exp(lse_w - lse) O_w, and stores them: to out and lse, or, with
 // split-KV, to the fp32 partial results for the combine pass.
 //
-// FP8 cache (Config::kFp8, fp8_kv.h). The slices land as bytes; after its wait, the warp converts
-// tile n's K slice into its 16-bit buffer, computes S from it, then converts the V slice into the
-// same buffer (fp16) for O += P V. The scores are multiplied by the (batch, kv head)'s k_descale
-// (and 2^112 for bf16 queries), the output by its v_descale.
+// FP8 cache (Config::kFp8, fp8_kv.h). The slices land as bytes (1 a value: half the shared-memory
+// traffic of a 16-bit cache, and no 16-bit copy of them is ever stored), and each lane builds its
+// mma B fragments from them itself, converting in registers. The orders that makes cheap:
+//   S = Q Kᵀ: a lane loads 16 bytes of one key row at once (head-dim values 16j … 16j + 15 of a
+//     64-wide block, j = lane % 4), which are, 4 at a time, its B fragment's values of 4 k16
+//     slices. The contraction order does not matter as long as Q's follows: Q's columns are
+//     permuted the same way in shared memory once, before the mainloop (permute_query_block).
+//   O += P V: P's keys stay in S's order; a lane's B fragment of V holds keys 2j, 2j+1, 2j+8, 2j+9
+//     of a 16-key slice at one head-dim column, so it loads 4 bytes of each of those rows (4
+//     columns) and pairs bytes with byte_perm. The output's columns come out permuted: an
+//     accumulator column n holds head-dim column fp8_output_column(n), undone at the merge.
+// The scores are multiplied by the (batch, kv head)'s k_descale (and 2^112 for bf16 queries: the
+// keys' re-encoding), the output by its v_descale.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -50,6 +59,27 @@
 #include "sm80/tile_copy.h"
 
 namespace fa::sm80 {
+
+// FP8 caches: the head-dim column an O accumulator column n holds (see above): in each 32-column
+// group, the n8 tiles 4g + i hold columns 32g + 4r + i for r = n % 8.
+CUTE_HOST_DEVICE constexpr int fp8_output_column(int n) { return n / 32 * 32 + n % 8 * 4 + n / 8 % 4; }
+
+// FP8 caches: a query row's 64-column block b of 16-bit values (in 8-value pieces at piece(m), m
+// = 0..7) permuted in place into the order the keys' B fragments take: slice c's values 2j, 2j+1
+// are columns 16j + 4c, + 1 and its values 8 + 2j, 9 + 2j columns 16j + 4c + 2, + 3. In 32-bit
+// pairs: out pair 8c + 4h + j = in pair 8j + 2c + h, i.e. out piece m = in pairs m, 8 + m, 16 + m,
+// 24 + m.
+template <class PieceAddress>
+CUTE_DEVICE void permute_query_block(PieceAddress&& piece) {
+  uint32_t in[32];
+  CUTE_UNROLL
+  for (int m = 0; m < 8; ++m) {
+    const uint4 v = *reinterpret_cast<const uint4*>(piece(m));
+    in[4 * m] = v.x, in[4 * m + 1] = v.y, in[4 * m + 2] = v.z, in[4 * m + 3] = v.w;
+  }
+  CUTE_UNROLL
+  for (int m = 0; m < 8; ++m) *reinterpret_cast<uint4*>(piece(m)) = make_uint4(in[m], in[8 + m], in[16 + m], in[24 + m]);
+}
 
 // The mask (causal or a window, bottom-right aligned over the positions; or none) is read at run
 // time (common/attention_mask.h).
@@ -100,10 +130,9 @@ __global__ void __launch_bounds__(Config::kThreads)
   ElementKV* warp_kv = reinterpret_cast<ElementKV*>(warp_smem);
   Tensor sK = make_tensor(make_smem_ptr(warp_kv), typename Config::SmemLayoutKVIn{});  // buffer 0's
   Tensor sV = make_tensor(make_smem_ptr(warp_kv + kStages * kKVElems), typename Config::SmemLayoutKVIn{});
-  // What the GEMMs read: buffer 0's K and V, or the conversion buffer.
-  char* gemm_kv = kFp8 ? warp_smem + 2 * kStages * Config::kKVInBytes : warp_smem;
-  Tensor sKg = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(gemm_kv)), typename Config::SmemLayoutKV{});
-  Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<ElementPV*>(kFp8 ? gemm_kv : gemm_kv + Config::kKVInBytes * kStages)),
+  // Buffer 0's K and V as the 16-bit GEMMs read them (an FP8 cache's: only their shapes are used).
+  Tensor sKg = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(warp_smem)), typename Config::SmemLayoutKV{});
+  Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<ElementPV*>(warp_smem + Config::kKVInBytes * kStages)),
                            typename Config::SmemLayoutVt{});
   // A view of buffer `stage`: a compile-time constant for 16-bit caches (an immediate offset, a
   // whole number of swizzle periods); a run-time one for FP8 caches, whose buffers only the copies
@@ -207,15 +236,6 @@ __global__ void __launch_bounds__(Config::kThreads)
   auto smem_thr_v = smem_copy_v.get_thread_slice(lane);
   Tensor tSsK = smem_thr_k.partition_S(sKg);
   Tensor tOsVt = smem_thr_v.partition_S(sVt);
-  // The GEMMs' operands of key tile n in buffer `stage`: that buffer's, or the conversion buffer.
-  auto gemm_k = [&](auto stage) {
-    if constexpr (kFp8) return tSsK;
-    else return pick(stage, tSsK);
-  };
-  auto gemm_v = [&](auto stage) {
-    if constexpr (kFp8) return tOsVt;
-    else return pick(stage, tOsVt);
-  };
   // FP8: the scores' factor (k_descale, and 2^112 for bf16's keys: fp8_kv.h) and the output's.
   float k_factor = 1.f, v_factor = 1.f;
   if constexpr (kFp8) {
@@ -224,25 +244,81 @@ __global__ void __launch_bounds__(Config::kThreads)
     if (params.v_descale) v_factor = params.v_descale[batch * params.v_descale_stride[0] + hk * params.v_descale_stride[1]];
     if constexpr (!std::is_same_v<Element, cutlass::half_t>) k_factor *= kBf16KeyScale;
   }
-  // FP8: this warp's K or V slice in buffer `stage` (bytes, row-major) converted into the GEMMs'
-  // buffer (SmemLayoutKV): 16 values a lane a pass (one 16-byte load, two 16-byte stores).
-  auto convert_slice = [&](auto const& slice_in, auto to_bf16) {
-    constexpr int kVectorsPerRow = kHeadDim / 16;
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(raw_pointer_cast(slice_in.data()));
-    uint16_t* dst = reinterpret_cast<uint16_t*>(gemm_kv);
+  // FP8: S = Q Kᵀ and O += P V of key tile n in buffer `stage`, their B fragments built from the
+  // bytes (see the top). The identity partitions of lane 0 give each fragment's key (S) or output
+  // column (O) less this lane's lane / 4, as compile-time constants.
+  auto thr0 = mma.get_thread_slice(0);
+  Tensor tSiK = thr0.partition_B(make_identity_tensor(Shape<Int<kWarpKeys>, Int<kHeadDim>>{}));   // (key, d)
+  Tensor tOiV = mma_o.get_thread_slice(0).partition_B(make_identity_tensor(Shape<Int<kHeadDim>, Int<kWarpKeys>>{}));
+  constexpr bool kBf16Keys = !std::is_same_v<Element, cutlass::half_t>;
+  auto key_pair = [](uint32_t bytes) {
+    const uint32_t h = e4m3x2_to_half2(bytes);
+    return kBf16Keys ? half2_of_e4m3_to_scaled_bf16x2(h) : h;
+  };
+  auto fp8_scores = [&](auto& acc_s, int stage) {
+    const uint8_t* k8 = reinterpret_cast<const uint8_t*>(raw_pointer_cast(pick(stage, sK).data()));
+    const auto layout = typename Config::SmemLayoutKVIn{};
+    const int j = lane % 4, r = lane / 4;
     CUTE_UNROLL
-    for (int i = lane; i < kWarpKeys * kVectorsPerRow; i += 32) {
-      const int row = i / kVectorsPerRow, col = i % kVectorsPerRow * 16;
-      uint4 lo, hi;
-      e4m3x16_convert<decltype(to_bf16)::value>(*reinterpret_cast<const uint4*>(src + i * 16), lo, hi);
-      *reinterpret_cast<uint4*>(dst + sKg.layout()(row, col)) = lo;
-      *reinterpret_cast<uint4*>(dst + sKg.layout()(row, col + 8)) = hi;
+    for (int b = 0; b < kHeadDim / 64; ++b) {
+      CUTE_UNROLL
+      for (int nu = 0; nu < size<1>(tSrK); ++nu) {
+        const int key = get<0>(tSiK(0, nu, 0)) + r;
+        const uint4 w = *reinterpret_cast<const uint4*>(k8 + layout(key, 64 * b + 16 * j));
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+        CUTE_UNROLL
+        for (int c = 0; c < 4; ++c) {
+          uint32_t* frag = reinterpret_cast<uint32_t*>(&tSrK(0, nu, 4 * b + c));
+          frag[0] = key_pair(words[c] & 0xFFFFu);
+          frag[1] = key_pair(words[c] >> 16);
+        }
+      }
+      CUTE_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        if constexpr (!Config::kQInRegisters) copy(smem_copy_q, tSsQ(_, _, 4 * b + c), smem_thr_q.retile_D(tSrQ)(_, _, 4 * b + c));
+        gemm(mma, tSrQ(_, _, 4 * b + c), tSrK(_, _, 4 * b + c), acc_s);
+      }
+    }
+  };
+  auto fp8_values = [&](auto const& tOrP, int stage) {
+    const uint8_t* v8 = reinterpret_cast<const uint8_t*>(raw_pointer_cast(pick(stage, sV).data()));
+    const auto layout = typename Config::SmemLayoutKVIn{};
+    const int j = lane % 4, r = lane / 4;
+    CUTE_UNROLL
+    for (int q = 0; q < kWarpKeys / 16; ++q) {
+      const int key = 16 * q + 2 * j;  // and key + 1, key + 8, key + 9
+      uint32_t w[kHeadDim / 32][4];
+      CUTE_UNROLL
+      for (int g = 0; g < kHeadDim / 32; ++g) {
+        const int col = 32 * g + 4 * r;
+        w[g][0] = *reinterpret_cast<const uint32_t*>(v8 + layout(key, col));
+        w[g][1] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 1, col));
+        w[g][2] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 8, col));
+        w[g][3] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 9, col));
+      }
+      CUTE_UNROLL
+      for (int nu = 0; nu < size<1>(tOrVt); ++nu) {
+        const int tile = get<0>(tOiV(0, nu, 0)) / 8;  // the n8 tile: columns 32g + 4r + i
+        const int g = tile / 4, i = tile % 4;
+        const uint32_t select = i | ((4 + i) << 4);  // byte i of the first word, then of the second
+        uint32_t* frag = reinterpret_cast<uint32_t*>(&tOrVt(0, nu, q));
+        frag[0] = e4m3x2_to_half2(__byte_perm(w[g][0], w[g][1], select));
+        frag[1] = e4m3x2_to_half2(__byte_perm(w[g][2], w[g][3], select));
+      }
+      gemm(mma_o, tOrP(_, _, q), tOrVt(_, _, q), acc_o);
     }
   };
 
   // The query rows (warp 0's oldest group) have landed: visible to every warp after the barrier.
   cp_async_wait<kStages - 1>();
   __syncthreads();
+  if constexpr (kFp8) {  // Q's columns in the order of the keys' fragments: each 64-column block of a row
+    for (int u = tid; u < kRows * (kHeadDim / 64); u += Config::kThreads) {
+      const int row = u / (kHeadDim / 64), block = u % (kHeadDim / 64);
+      permute_query_block([&](int m) { return &sQ(row, 64 * block + 8 * m); });
+    }
+    __syncthreads();
+  }
   if constexpr (Config::kQInRegisters) copy(smem_copy_q, tSsQ, smem_thr_q.retile_D(tSrQ));
 
   OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
@@ -260,25 +336,18 @@ __global__ void __launch_bounds__(Config::kThreads)
       }
     }
     cp_async_fence();
-    if constexpr (kFp8) {
-      convert_slice(pick(stage, sK), std::bool_constant<!std::is_same_v<Element, cutlass::half_t>>{});
-      __syncwarp();
-    }
 
     Tensor acc_s = partition_fragment_C(mma, STile{});
     clear(acc_s);
-    if constexpr (Config::kQInRegisters) {
-      gemm_regs_smem(acc_s, tSrQ, tSrK, smem_thr_k.retile_D(tSrK), gemm_k(stage), smem_copy_k, mma);
-    } else {
-      gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q, tSrK, smem_thr_k.retile_D(tSrK),
-                     gemm_k(stage), smem_copy_k, mma);
-    }
     if constexpr (kFp8) {
+      fp8_scores(acc_s, stage);
       CUTE_UNROLL
       for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= k_factor;
-      __syncwarp();  // every lane's reads of K are done: V's conversion overwrites the buffer
-      convert_slice(pick(stage, sV), false_type{});
-      __syncwarp();
+    } else if constexpr (Config::kQInRegisters) {
+      gemm_regs_smem(acc_s, tSrQ, tSrK, smem_thr_k.retile_D(tSrK), pick(stage, tSsK), smem_copy_k, mma);
+    } else {
+      gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q, tSrK, smem_thr_k.retile_D(tSrK),
+                     pick(stage, tSsK), smem_copy_k, mma);
     }
     // Soft-capping at run time: one instantiation serves every variant (common/softcap.h).
     if (params.softcap_scale != 0.f) softcap_scores(acc_s, params.softcap_scale);
@@ -296,7 +365,11 @@ __global__ void __launch_bounds__(Config::kThreads)
 
     Tensor probs = convert_fragment<ElementPV>(acc_s);
     Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));
-    gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), gemm_v(stage), smem_copy_v, mma_o);
+    if constexpr (kFp8) {
+      fp8_values(tOrP, stage);
+    } else {
+      gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), pick(stage, tOsVt), smem_copy_v, mma_o);
+    }
   };
 
   // The tile may hold position 0, which sees the fewest keys, and the last position, which a left
@@ -323,7 +396,13 @@ __global__ void __launch_bounds__(Config::kThreads)
     float* dst = merge_o + (warp * kRows + row) * Config::kMergeStride;
     CUTE_UNROLL
     for (int c = 0; c < size<1>(out_rows); c += 2) {  // a thread's two adjacent columns: one 8-byte store
-      *reinterpret_cast<float2*>(dst + get<1>(acc_coords(r, c))) = make_float2(out_rows(r, c), out_rows(r, c + 1));
+      const int col = get<1>(acc_coords(r, c));
+      if constexpr (kFp8) {  // columns permuted (fp8_output_column)
+        dst[fp8_output_column(col)] = out_rows(r, c);
+        dst[fp8_output_column(col + 1)] = out_rows(r, c + 1);
+      } else {
+        *reinterpret_cast<float2*>(dst + col) = make_float2(out_rows(r, c), out_rows(r, c + 1));
+      }
     }
     if (get<1>(acc_coords(r, 0)) == 0) merge_lse[warp * kRows + row] = row_lse[r];
   }

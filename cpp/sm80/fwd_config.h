@@ -114,9 +114,9 @@ namespace fa::sm80 {
 // merged once, at the end. One warp covers the rows: its MMA is a column of kRows / 16 m16n8k16 atoms.
 //
 // ElementKV: the cache's element type, Element's or cutlass::float_e4m3_t (an FP8 cache; fp8_kv.h).
-// An FP8 cache's slices land in plain row-major buffers of bytes (cp.async, 16 values a copy); each
-// step, the warp converts its K slice into one 16-bit buffer for S = Q Kᵀ and, once S is read, its
-// V slice into the same buffer (fp16) for O += P V, which then runs as an fp16 GEMM.
+// An FP8 cache's slices land as bytes, rows of kHeadDim with their 16-byte pieces swizzled
+// (SmemLayoutKVIn), and the warp builds its GEMMs' B fragments from them itself (decode_kernel.h);
+// O += P V then runs as an fp16 GEMM.
 template <class T>
 struct TypeIs {
   using type = T;
@@ -150,6 +150,7 @@ struct DecodeConfig {
   static constexpr int kStages = kStages_;         // K/V buffers per warp
   static constexpr int kThreads = kWarps * 32;
   static_assert(kHeadDim % 32 == 0 && kRows % 16 == 0 && kWarpKeys % 16 == 0 && kStages >= 2 && kStages <= 4);
+  static_assert(!kFp8 || kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "FP8 caches: head dims 64, 128, 256");
 
   using TiledMma = Sm80TiledMma<Element, 1, 1>;     // S = Q Kᵀ
   using TiledMmaO = Sm80TiledMma<ElementPV, 1, 1>;  // O += P V
@@ -162,10 +163,15 @@ struct DecodeConfig {
   using SmemLayoutQ = typename Smem::template TileLayout<kRows>;
   using SmemLayoutKV = typename Smem::template TileLayout<kWarpKeys>;  // a slice as the GEMMs read it
   using SmemLayoutVt = TransposedLayout<SmemLayoutKV>;
-  // A slice as it lands: SmemLayoutKV, or an FP8 cache's bytes row by row.
-  using SmemLayoutKVIn = std::conditional_t<
-      kFp8, cute::Layout<cute::Shape<cute::Int<kWarpKeys>, cute::Int<kHeadDim>>, cute::Stride<cute::Int<kHeadDim>, cute::_1>>,
-      SmemLayoutKV>;
+  // A slice as it lands: SmemLayoutKV, or an FP8 cache's bytes row by row, the 16-byte piece p of
+  // key row k at p ^ (k mod 8) (mod 4 at D = 64): a warp's 16-byte loads of one piece of 8 rows
+  // (K) and 4-byte loads of two pieces of 4 rows 2 apart (V) then touch every bank once.
+  static constexpr int kPieceBits = kHeadDim >= 128 ? 3 : 2;
+  static constexpr int kRowBits = kHeadDim == 64 ? 6 : kHeadDim == 128 ? 7 : 8;
+  using SmemLayoutFp8 = decltype(cute::composition(
+      cute::Swizzle<kPieceBits, 4, kRowBits - 4>{},
+      cute::Layout<cute::Shape<cute::Int<kWarpKeys>, cute::Int<kHeadDim>>, cute::Stride<cute::Int<kHeadDim>, cute::_1>>{}));
+  using SmemLayoutKVIn = std::conditional_t<kFp8, SmemLayoutFp8, SmemLayoutKV>;
 
   using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;              // Q, K
   using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, ElementPV>;  // V
@@ -178,8 +184,7 @@ struct DecodeConfig {
   static constexpr int kQBytes = int(cute::cosize(SmemLayoutQ{})) * int(sizeof(Element));
   static constexpr int kKVBytes = int(cute::cosize(SmemLayoutKV{})) * int(sizeof(Element));  // one 16-bit slice
   static constexpr int kKVInBytes = int(cute::cosize(SmemLayoutKVIn{})) * int(sizeof(ElementKV));  // as it lands
-  // A warp's K and V buffers (and an FP8 cache's conversion buffer).
-  static constexpr int kWarpBytes = 2 * kStages * kKVInBytes + (kFp8 ? kKVBytes : 0);
+  static constexpr int kWarpBytes = 2 * kStages * kKVInBytes;  // a warp's K and V buffers
   // The merge: each warp's normalised fp32 output rows and lse, in the K/V buffers once every warp
   // is done with them. Rows padded by 8 floats: a warp's 8-byte stores of its accumulator (rows
   // lane / 4 and + 8, columns 2 · (lane % 4) + 8j) then fill 32 banks in each half-warp phase.

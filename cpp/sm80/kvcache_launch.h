@@ -114,15 +114,22 @@ cudaError_t run_forward_kvcache(const ForwardParams& params, cudaStream_t stream
   return cudaErrorLaunchOutOfResources;  // no tile fits this device's shared memory
 }
 
-// An FP8 (e4m3) cache's decode kernels: the key-splitting kernel's tiles with bytes in their K/V
-// buffers, one buffer more (the same bytes in flight as a 16-bit cache's) and a 16-bit conversion
-// buffer per warp: 136 KB at 16 rows, 96 KB at 32 (D = 128). Where the 16-row tile does not fit
+// An FP8 (e4m3) cache's decode kernels: the key-splitting kernel with bytes in its K/V buffers, one
+// buffer more than a 16-bit cache's (the same bytes in flight) and, at 16 rows up to D = 128, twice
+// the warps on half the keys each (a warp's steps do more work per byte: its fragments' conversions):
+// 100 KB at 16 rows (104 KB at D = 256), 72 KB at 32 (D = 128). Where the 16-row tile does not fit
 // (sm86/sm89's 99 KB) the 32-row one serves up to 16 rows too (D <= 128).
+template <int kHeadDim, int kRows>
+struct DecodeFp8Tile {
+  static constexpr bool kEightWarps = kRows == 16 && kHeadDim <= 128;
+  static constexpr int kWarps = kEightWarps ? 8 : 4;
+  static constexpr int kWarpKeys = DecodeSplitTile<kHeadDim, kRows>::kWarpKeys / (kEightWarps ? 2 : 1);
+  static constexpr int kStages = DecodeSplitTile<kHeadDim, kRows>::kStages + 1;
+};
 template <class Element, int kHeadDim, int kRows>
 using DecodeFp8ConfigFor =
-    DecodeConfig<Element, kHeadDim, kRows, DecodeSplitTile<kHeadDim, kRows>::kWarps,
-                 DecodeSplitTile<kHeadDim, kRows>::kWarpKeys, DecodeSplitTile<kHeadDim, kRows>::kStages + 1,
-                 cutlass::float_e4m3_t>;
+    DecodeConfig<Element, kHeadDim, kRows, DecodeFp8Tile<kHeadDim, kRows>::kWarps, DecodeFp8Tile<kHeadDim, kRows>::kWarpKeys,
+                 DecodeFp8Tile<kHeadDim, kRows>::kStages, cutlass::float_e4m3_t>;
 
 template <class ElementTag, int kHeadDim>
 cudaError_t run_forward_kvcache_fp8(const ForwardParams& params, cudaStream_t stream) {

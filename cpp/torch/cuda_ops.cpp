@@ -607,7 +607,6 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
       return sm80::run_forward_kvcache_fp8<decltype(tag), D>(p, current_stream(q));          \
     }                                                                                        \
     break;
-        FA_FP8_HEAD_DIM_CASE(32)
         FA_FP8_HEAD_DIM_CASE(64)
         FA_FP8_HEAD_DIM_CASE(128)
         FA_FP8_HEAD_DIM_CASE(256)
