@@ -1,5 +1,5 @@
 """Small odd-length cases for compute-sanitizer (memcheck, racecheck, synccheck), in parts;
-`python sanitize_case.py [dense] [varlen] [kvcache] [variants] [deterministic] [headdimv] [--dims=D,...] [--family=sm80|sm90]` runs the
+`python sanitize_case.py [dense] [varlen] [kvcache] [fp8kv] [variants] [deterministic] [headdimv] [--dims=D,...] [--family=sm80|sm90]` runs the
 parts named (all without arguments; `forward` is dense's forward calls alone, for a change that
 touches only the forward kernels; --dims keeps dense's cases of those head dims; --family=sm90 runs
 dense's and varlen's cases on that kernel family alone, e.g. for racecheck, whose pass over every
@@ -29,6 +29,10 @@ page table), empty and odd-length entries, Sq 1 and 3, one split and several, le
 contiguous caches (cache_leftpad, a pad covering a whole entry among them), on both decode
 kernels (group · Sq up to 16 packed rows, and more), and again as a GPU with 99 KB of shared memory
 a CTA (FA_MAX_SHARED_MEMORY) would run some of them.
+fp8kv: fa.attention_kvcache with float8_e4m3fn caches and descales, fp16 and bf16 queries, at the
+FP8 head dims built (FA_FP8_KV_HEAD_DIMS), contiguous and paged (16, 256), both FP8 tiles (4 and 32
+packed rows), one split and several, a window with sinks and soft-capping, and the 32-row tile as a
+GPU with 99 KB would run 16 rows on it.
 variants: sliding windows with sinks (window_size, sinks), half of them soft-capped (softcap), on the
 dense forward and backward of each head dim and family (left bounds inside a key tile and over
 several, right bounds, windows that leave rows no key, soft-capping without bounds), varlen, and
@@ -56,7 +60,7 @@ family_args = [a[len("--family="):] for a in sys.argv[1:] if a.startswith("--fam
 unknown = [a for a in sys.argv[1:] if a.startswith("--") and not a.startswith(("--dims=", "--family="))]
 if unknown:
     sys.exit(f"unknown option {unknown[0]}: the options are --dims=D,... and --family=sm80|sm90")
-parts = [a for a in sys.argv[1:] if not a.startswith("--")] or ["dense", "varlen", "kvcache", "variants",
+parts = [a for a in sys.argv[1:] if not a.startswith("--")] or ["dense", "varlen", "kvcache", "fp8kv", "variants",
                                                                  "deterministic", "headdimv"]
 families = fa.build_info()["device_kernel_families"]
 if family_args:
@@ -130,6 +134,34 @@ def kvcache_cases(heads_and_dims=((8, 64), (8, 128), (8, 256), (36, 64), (36, 12
                     table = torch.randperm(b * pages_per_entry, device="cuda").int().view(b, pages_per_entry)
                     kp = torch.randn(b * pages_per_entry, page, hk, d, device="cuda", dtype=torch.float16)
                     fa.attention_kvcache(q, kp, torch.randn_like(kp), used, table, causal=sq == 3, num_splits=splits)
+
+
+def fp8kv():
+    used = torch.tensor([0, 1, 77, 300, 513], dtype=torch.int32, device="cuda")
+    b, hk = used.numel(), 2
+    fp8 = torch.float8_e4m3fn
+    descale = torch.rand(b, hk, device="cuda") + 0.5
+    for d in fa.build_info()["fp8_kv_cache_head_dims"]:
+        for dtype in (torch.float16, torch.bfloat16):
+            for hq, sq in ((4, 1), (8, 4) if d <= 128 else (8, 2)):  # 2 rows; 16 or 32 rows
+                q = torch.randn(b, hq, sq, d, device="cuda", dtype=dtype)
+                k = torch.randn(b, hk, 520, d, device="cuda").to(fp8)
+                for splits in (1, 5):
+                    fa.attention_kvcache(q, k, torch.randn_like(k, dtype=torch.float).to(fp8), used, num_splits=splits,
+                                         k_descale=descale, v_descale=descale)
+                    for page in (16, 256):
+                        pages_per_entry = (520 + page - 1) // page
+                        table = torch.randperm(b * pages_per_entry, device="cuda").int().view(b, pages_per_entry)
+                        kp = torch.randn(b * pages_per_entry, page, hk, d, device="cuda").to(fp8)
+                        fa.attention_kvcache(q, kp, kp, used, table, num_splits=splits, window_size=(100, 0),
+                                             softcap=20.0, sinks=torch.randn(hq, device="cuda"), k_descale=descale)
+    os.environ["FA_MAX_SHARED_MEMORY"] = str(99 * 1024)
+    q = torch.randn(b, 8, 2, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, hk, 520, 128, device="cuda").to(fp8)
+    if 128 in fa.build_info()["fp8_kv_cache_head_dims"]:
+        fa.attention_kvcache(q, k, k, used, num_splits=3, v_descale=descale)
+    del os.environ["FA_MAX_SHARED_MEMORY"]
+    print("sanitize case done: fp8kv")
 
 
 def variants():
@@ -214,6 +246,6 @@ def headdimv():
 
 
 for part in parts:
-    {"dense": dense, "forward": lambda: dense(backward=False), "varlen": varlen, "kvcache": kvcache,
+    {"dense": dense, "forward": lambda: dense(backward=False), "varlen": varlen, "kvcache": kvcache, "fp8kv": fp8kv,
      "variants": variants, "deterministic": deterministic, "headdimv": headdimv}[part]()
 torch.cuda.synchronize()
