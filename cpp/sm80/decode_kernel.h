@@ -171,25 +171,6 @@ __global__ void __launch_bounds__(Config::kThreads)
     const int keys_left = seq.seqlen_k - slice * kWarpKeys;
     if (params.page_table != nullptr) {
       const int* pages = params.page_table + batch * params.page_table_stride;
-      if constexpr (kFp8 && kHeadDim <= 128) {
-        // A slice inside one page (pages of a multiple of the slice's keys): one look-up of the page
-        // table for the slice, not one a row. A slice past the cache's end zero-fills, as below.
-        // (Not at D = 256, where its registers added 36 bytes to the kernel's spills.)
-        if (params.page_size % kWarpKeys == 0) {
-          const int key0 = min(slice * kWarpKeys, seq.seqlen_k - 1);
-          const int64_t page = pages[key0 / params.page_size];
-          const int first_row = key0 % params.page_size;
-          auto gather_slice = [&](const void* base, const Strides& s, auto&& dst) {
-            const ElementKV* slice_base = static_cast<const ElementKV*>(base) + tile_rows.head_kv * s.head +
-                                          page * s.batch + int64_t(first_row) * s.row;
-            copy_rows_zero_fill(gmem_copy_kv, [&](int row) { return slice_base + int64_t(row) * s.row; }, dst, tKVcKV,
-                                col_ok, keys_left);
-          };
-          gather_slice(params.k, params.k_stride, pick(stage, tKsK));
-          gather_slice(params.v, params.v_stride, pick(stage, tVsV));
-          return;
-        }
-      }
       auto gather = [&](const void* base, const Strides& s, auto&& dst) {
         const ElementKV* head_base = static_cast<const ElementKV*>(base) + tile_rows.head_kv * s.head;
         copy_rows_zero_fill(gmem_copy_kv, [&](int row) {
@@ -299,50 +280,34 @@ __global__ void __launch_bounds__(Config::kThreads)
       }
     }
   };
-  // O += P V: the lane's bytes of V (4 of each of keys 2j, 2j+1, 2j+8, 2j+9 of each 16-key slice q,
-  // at columns 32g + 4r …), loaded before the softmax so that their latency hides under it (where
-  // the registers allow: not at D = 256), then paired into fragments.
-  constexpr int kColumnGroups = kHeadDim / 32;
-  using ValueWords = cute::array<uint32_t, kWarpKeys / 16 * kColumnGroups * 4>;
-  auto fp8_value_words = [&](int stage) {
+  auto fp8_values = [&](auto const& tOrP, int stage) {
     const uint8_t* v8 = reinterpret_cast<const uint8_t*>(raw_pointer_cast(pick(stage, sV).data()));
     const auto layout = typename Config::SmemLayoutKVIn{};
     const int j = lane % 4, r = lane / 4;
-    ValueWords w;
     CUTE_UNROLL
     for (int q = 0; q < kWarpKeys / 16; ++q) {
-      const int key = 16 * q + 2 * j;
+      const int key = 16 * q + 2 * j;  // and key + 1, key + 8, key + 9
+      uint32_t w[kHeadDim / 32][4];
       CUTE_UNROLL
-      for (int g = 0; g < kColumnGroups; ++g) {
+      for (int g = 0; g < kHeadDim / 32; ++g) {
         const int col = 32 * g + 4 * r;
-        uint32_t* out = &w[(q * kColumnGroups + g) * 4];
-        out[0] = *reinterpret_cast<const uint32_t*>(v8 + layout(key, col));
-        out[1] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 1, col));
-        out[2] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 8, col));
-        out[3] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 9, col));
+        w[g][0] = *reinterpret_cast<const uint32_t*>(v8 + layout(key, col));
+        w[g][1] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 1, col));
+        w[g][2] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 8, col));
+        w[g][3] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 9, col));
       }
-    }
-    return w;
-  };
-  auto fp8_values = [&](auto const& tOrP, ValueWords const& w) {
-    CUTE_UNROLL
-    for (int q = 0; q < kWarpKeys / 16; ++q) {
       CUTE_UNROLL
       for (int nu = 0; nu < size<1>(tOrVt); ++nu) {
         const int tile = get<0>(tOiV(0, nu, 0)) / 8;  // the n8 tile: columns 32g + 4r + i
         const int g = tile / 4, i = tile % 4;
         const uint32_t select = i | ((4 + i) << 4);  // byte i of the first word, then of the second
-        const uint32_t* in = &w[(q * kColumnGroups + g) * 4];
         uint32_t* frag = reinterpret_cast<uint32_t*>(&tOrVt(0, nu, q));
-        frag[0] = e4m3x2_to_half2(__byte_perm(in[0], in[1], select));
-        frag[1] = e4m3x2_to_half2(__byte_perm(in[2], in[3], select));
-        // Each n8 tile's MMAs as soon as its fragment is built: one fragment live at a time.
-        CUTE_UNROLL
-        for (int m = 0; m < size<1>(tOrP); ++m) gemm(mma_o, tOrP(_, m, q), tOrVt(_, nu, q), acc_o(_, m, nu));
+        frag[0] = e4m3x2_to_half2(__byte_perm(w[g][0], w[g][1], select));
+        frag[1] = e4m3x2_to_half2(__byte_perm(w[g][2], w[g][3], select));
       }
+      gemm(mma_o, tOrP(_, _, q), tOrVt(_, _, q), acc_o);
     }
   };
-  constexpr bool kValuesEarly = kHeadDim <= 128;
 
   // The query rows (warp 0's oldest group) have landed: visible to every warp after the barrier.
   cp_async_wait<kStages - 1>();
@@ -374,10 +339,8 @@ __global__ void __launch_bounds__(Config::kThreads)
 
     Tensor acc_s = partition_fragment_C(mma, STile{});
     clear(acc_s);
-    [[maybe_unused]] ValueWords value_words;
     if constexpr (kFp8) {
       fp8_scores(acc_s, stage);
-      if constexpr (kValuesEarly) value_words = fp8_value_words(stage);
       CUTE_UNROLL
       for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= k_factor;
     } else if constexpr (Config::kQInRegisters) {
@@ -403,8 +366,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     Tensor probs = convert_fragment<ElementPV>(acc_s);
     Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));
     if constexpr (kFp8) {
-      if constexpr (!kValuesEarly) value_words = fp8_value_words(stage);
-      fp8_values(tOrP, value_words);
+      fp8_values(tOrP, stage);
     } else {
       gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), pick(stage, tOsVt), smem_copy_v, mma_o);
     }
