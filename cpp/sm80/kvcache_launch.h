@@ -89,20 +89,29 @@ inline int smem_optin_bytes() {
 // every head dim has a KV-cache tile that fits in it.
 inline constexpr int kLeastOptinSmemBytes = 99 * 1024;
 
+// The key-splitting kernel (ConfigFor<Element, kHeadDim, rows>) with 16 rows, or 32 up to D = 128
+// (at 256, 32 rows' O accumulators would not fit the registers), where the call's packed rows and
+// the device's shared memory allow one; cudaErrorNotSupported where neither tile serves the call.
+template <template <class, int, int> class ConfigFor, class Element, int kHeadDim>
+cudaError_t launch_key_splitting(const ForwardParams& params, cudaStream_t stream, int smem) {
+  const int rows = params.seqlen_q * (params.heads_q / params.heads_kv);
+  using Rows16 = ConfigFor<Element, kHeadDim, 16>;
+  if (rows <= 16 && Rows16::kSmemBytes <= smem) return launch_decode<Rows16>(params, stream);
+  if constexpr (kHeadDim <= 128) {
+    using Rows32 = ConfigFor<Element, kHeadDim, 32>;
+    if (rows <= 32 && Rows32::kSmemBytes <= smem) return launch_decode<Rows32>(params, stream);
+  }
+  return cudaErrorNotSupported;
+}
+
 template <class ElementTag, int kHeadDim>
 cudaError_t run_forward_kvcache(const ForwardParams& params, cudaStream_t stream) {
   using Element = cutlass_element_t<ElementTag>;
-  // The key-splitting kernel with 16 rows, or 32 up to D = 128 (at 256, 32 rows' O accumulators
-  // would not fit the registers); the 64-row tile for more rows, or where shared memory is short:
-  // with two K/V buffers where three do not fit (sm86/sm89 at D = 128: 112 KB against 99 KB).
-  const int rows = params.seqlen_q * (params.heads_q / params.heads_kv);
+  // The key-splitting kernel; the 64-row tile for more rows, or where shared memory is short: with
+  // two K/V buffers where three do not fit (sm86/sm89 at D = 128: 112 KB against 99 KB).
   const int smem = smem_optin_bytes();
-  using Rows16 = DecodeConfigFor<Element, kHeadDim, 16>;
-  if (rows <= 16 && Rows16::kSmemBytes <= smem) return launch_decode<Rows16>(params, stream);
-  if constexpr (kHeadDim <= 128) {
-    using Rows32 = DecodeConfigFor<Element, kHeadDim, 32>;
-    if (rows <= 32 && Rows32::kSmemBytes <= smem) return launch_decode<Rows32>(params, stream);
-  }
+  const cudaError_t err = launch_key_splitting<DecodeConfigFor, Element, kHeadDim>(params, stream, smem);
+  if (err != cudaErrorNotSupported) return err;
   // The 64-row tile: forward_kernel's KV-cache variant, instantiated causal and without kSoftcap
   // (its mask reads the window bounds, its soft-capping params.softcap_scale).
   using Tile = DecodeTile<kHeadDim>;
@@ -134,15 +143,12 @@ using DecodeFp8ConfigFor =
 template <class ElementTag, int kHeadDim>
 cudaError_t run_forward_kvcache_fp8(const ForwardParams& params, cudaStream_t stream) {
   using Element = cutlass_element_t<ElementTag>;
+  static_assert(fp8_kvcache_max_rows(kHeadDim) == (kHeadDim <= 128 ? 32 : 16), "the key-splitting tiles' rows");
+  static_assert(kHeadDim > 128 || DecodeFp8ConfigFor<Element, kHeadDim, 32>::kSmemBytes <= kLeastOptinSmemBytes,
+                "an FP8 KV-cache tile for sm86/sm89");
+  const cudaError_t err = launch_key_splitting<DecodeFp8ConfigFor, Element, kHeadDim>(params, stream, smem_optin_bytes());
+  if (err != cudaErrorNotSupported) return err;
   const int rows = params.seqlen_q * (params.heads_q / params.heads_kv);
-  const int smem = smem_optin_bytes();
-  using Rows16 = DecodeFp8ConfigFor<Element, kHeadDim, 16>;
-  if (rows <= 16 && Rows16::kSmemBytes <= smem) return launch_decode<Rows16>(params, stream);
-  if constexpr (kHeadDim <= 128) {
-    using Rows32 = DecodeFp8ConfigFor<Element, kHeadDim, 32>;
-    static_assert(Rows32::kSmemBytes <= kLeastOptinSmemBytes, "an FP8 KV-cache tile for sm86/sm89");
-    if (rows <= fp8_kvcache_max_rows(kHeadDim) && Rows32::kSmemBytes <= smem) return launch_decode<Rows32>(params, stream);
-  }
   return rows > fp8_kvcache_max_rows(kHeadDim) ? cudaErrorInvalidValue : cudaErrorLaunchOutOfResources;
 }
 
