@@ -122,8 +122,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   const int tile_begin = window_begin + min(n_tiles, split * per_split);
   const int tile_end = min(window_begin + n_tiles, tile_begin + per_split);
 
-  // Shared memory: the query rows, then each warp's kStages K buffers and kStages V buffers (and,
-  // FP8, its conversion buffer).
+  // Shared memory: the query rows, then each warp's kStages K buffers and kStages V buffers.
   constexpr int kKVElems = Config::kKVInBytes / int(sizeof(ElementKV));
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Config::SmemLayoutQ{});
   char* warp_smem = smem + Config::kQBytes + warp * Config::kWarpBytes;
@@ -136,7 +135,7 @@ __global__ void __launch_bounds__(Config::kThreads)
                            typename Config::SmemLayoutVt{});
   // A view of buffer `stage`: a compile-time constant for 16-bit caches (an immediate offset, a
   // whole number of swizzle periods); a run-time one for FP8 caches, whose buffers only the copies
-  // and the conversion address (with four buffers, twelve instances of the step as for 16-bit
+  // and the fragments' loads address (with four buffers, twelve instances of the step as for 16-bit
   // ones were not inlined: ptxas put its accumulators on a 1.8 KB stack frame).
   auto pick = [](auto stage, auto const& buffer0) {
     return make_tensor(buffer0.data() + int(stage) * kKVElems, buffer0.layout());

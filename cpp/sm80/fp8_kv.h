@@ -45,21 +45,4 @@ CUTE_DEVICE uint32_t half2_of_e4m3_to_scaled_bf16x2(uint32_t h) {
   return (h & 0x80008000u) | ((h & 0x7FFF7FFFu) >> 3);
 }
 
-// 16 e4m3 values (a 16-byte vector) as 16 fp16 (kBf16Keys false) or scaled bf16 values, in two
-// 16-byte vectors of 8: lo holds values 0-7, hi 8-15.
-template <bool kBf16Keys>
-CUTE_DEVICE void e4m3x16_convert(uint4 raw, uint4& lo, uint4& hi) {
-  const uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
-  uint32_t out[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t h0 = e4m3x2_to_half2(in[i] & 0xFFFFu);
-    const uint32_t h1 = e4m3x2_to_half2(in[i] >> 16);
-    out[2 * i] = kBf16Keys ? half2_of_e4m3_to_scaled_bf16x2(h0) : h0;
-    out[2 * i + 1] = kBf16Keys ? half2_of_e4m3_to_scaled_bf16x2(h1) : h1;
-  }
-  lo = make_uint4(out[0], out[1], out[2], out[3]);
-  hi = make_uint4(out[4], out[5], out[6], out[7]);
-}
-
 }  // namespace fa::sm80
