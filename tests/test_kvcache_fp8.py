@@ -75,6 +75,11 @@ def test_fp8_cache(device, hq, sq, page_size, dtype, descale):
     check(*make_fp8_cache(USED, hq, 2, sq, 128, dtype, device, page_size=page_size, descale=descale))
 
 
+def test_cpu_float32_queries():
+    # The CPU path (the reference of every option) takes float32 queries with an FP8 cache too.
+    check(*make_fp8_cache(USED, 8, 2, 3, 72, torch.float32, "cpu", page_size=16), window=(30, 0))
+
+
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 256])  # 32 and 96 run on the 64 and 128 kernels
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_head_dims(device, head_dim, dtype):
