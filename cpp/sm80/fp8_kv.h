@@ -20,7 +20,7 @@
 
 namespace fa::sm80 {
 
-// 2^112: the factor a bf16 key read through e4m3_pairs_to_bf16 lacks.
+// 2^112: the factor a bf16 key read through half2_of_e4m3_to_scaled_bf16x2 lacks.
 inline constexpr float kBf16KeyScale = 0x1p112f;
 
 // The e4m3 values in the low and high byte of x as an fp16 pair (low half from the low byte).

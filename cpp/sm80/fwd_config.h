@@ -182,7 +182,6 @@ struct DecodeConfig {
       typename std::conditional_t<kFp8, Fp8RowCopy<ElementKV, kHeadDim>, TypeIs<GmemCopy>>::type;
 
   static constexpr int kQBytes = int(cute::cosize(SmemLayoutQ{})) * int(sizeof(Element));
-  static constexpr int kKVBytes = int(cute::cosize(SmemLayoutKV{})) * int(sizeof(Element));  // one 16-bit slice
   static constexpr int kKVInBytes = int(cute::cosize(SmemLayoutKVIn{})) * int(sizeof(ElementKV));  // as it lands
   static constexpr int kWarpBytes = 2 * kStages * kKVInBytes;  // a warp's K and V buffers
   // The merge: each warp's normalised fp32 output rows and lse, in the K/V buffers once every warp
