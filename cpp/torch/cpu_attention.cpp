@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <torch/headeronly/util/BFloat16.h>
@@ -369,29 +370,29 @@ void backward_impl(const Tensor& dout_t, const Tensor& q_t, const Tensor& k_t, c
   }
 }
 
-template <class... Args>
+// forward_impl for q's dtype; TKV: k's and v's element type where it is not q's (an FP8 cache).
+template <class TKV = void, class... Args>
 void forward_any(const Tensor& q, Args&&... args) {
+  auto run = [&](auto q_type) {
+    using T = decltype(q_type);
+    forward_impl<T, std::conditional_t<std::is_void_v<TKV>, T, TKV>>(q, std::forward<Args>(args)...);
+  };
   if (q.scalar_type() == ScalarType::Half) {
-    forward_impl<torch::headeronly::Half>(q, std::forward<Args>(args)...);
+    run(torch::headeronly::Half{});
   } else if (q.scalar_type() == ScalarType::Float) {
-    forward_impl<float>(q, std::forward<Args>(args)...);
+    run(float{});
   } else {
-    forward_impl<torch::headeronly::BFloat16>(q, std::forward<Args>(args)...);
+    run(torch::headeronly::BFloat16{});
   }
 }
 
 // The KV cache's forward: forward_any, with float8_e4m3fn caches too.
 template <class... Args>
 void forward_kvcache_any(const Tensor& q, const Tensor& k_cache, Args&&... args) {
-  using Fp8 = torch::headeronly::Float8_e4m3fn;
-  if (k_cache.scalar_type() != ScalarType::Float8_e4m3fn) {
-    forward_any(q, k_cache, std::forward<Args>(args)...);
-  } else if (q.scalar_type() == ScalarType::Half) {
-    forward_impl<torch::headeronly::Half, Fp8>(q, k_cache, std::forward<Args>(args)...);
-  } else if (q.scalar_type() == ScalarType::Float) {
-    forward_impl<float, Fp8>(q, k_cache, std::forward<Args>(args)...);
+  if (k_cache.scalar_type() == ScalarType::Float8_e4m3fn) {
+    forward_any<torch::headeronly::Float8_e4m3fn>(q, k_cache, std::forward<Args>(args)...);
   } else {
-    forward_impl<torch::headeronly::BFloat16, Fp8>(q, k_cache, std::forward<Args>(args)...);
+    forward_any(q, k_cache, std::forward<Args>(args)...);
   }
 }
 

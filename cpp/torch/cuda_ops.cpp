@@ -91,28 +91,36 @@ enum class Family { kSm80, kSm90 };
 
 enum class Direction { kForward, kBackward };
 
+// The smallest head dim >= head_dim of a build_config list (0: none), and the list as text
+// (" 64 128 256", or " (none)").
+template <std::size_t N>
+int smallest_at_least(const int (&head_dims)[N], int64_t head_dim) {
+  int best = 0;
+  for (int d : head_dims) {
+    if (d != 0 && d >= head_dim && (best == 0 || d < best)) best = d;
+  }
+  return best;
+}
+
+template <std::size_t N>
+std::string head_dims_text(const int (&head_dims)[N]) {
+  std::string text;
+  for (int d : head_dims) text += d != 0 ? " " + str_of(int64_t(d)) : "";
+  return text.empty() ? " (none)" : text;
+}
+
 // The smallest head dim >= head_dim that `family` has kernels for in `direction` (0: none), with
 // soft-capping where `softcap` (forward and backward alike). Its tiles zero-fill the columns past D.
 int family_head_dim(Family family, int64_t head_dim, Direction direction = Direction::kForward,
                     bool softcap = false) {
-  int best = 0;
-  auto consider = [&](int d) {
-    if (d != 0 && d >= head_dim && (best == 0 || d < best)) best = d;
-  };
+  using namespace build_config;
   if (softcap) {
-    if (family == Family::kSm80) {
-      for (int d : build_config::kSm80SoftcapHeadDims) consider(d);
-    } else {
-      for (int d : build_config::kSm90SoftcapHeadDims) consider(d);
-    }
-  } else if (family == Family::kSm80) {
-    for (int d : build_config::kHeadDims) consider(d);
-  } else if (direction == Direction::kForward) {
-    for (int d : build_config::kSm90HeadDims) consider(d);
-  } else {
-    for (int d : build_config::kSm90BackwardHeadDims) consider(d);
+    return family == Family::kSm80 ? smallest_at_least(kSm80SoftcapHeadDims, head_dim)
+                                   : smallest_at_least(kSm90SoftcapHeadDims, head_dim);
   }
-  return best;
+  if (family == Family::kSm80) return smallest_at_least(kHeadDims, head_dim);
+  return direction == Direction::kForward ? smallest_at_least(kSm90HeadDims, head_dim)
+                                          : smallest_at_least(kSm90BackwardHeadDims, head_dim);
 }
 
 // The Ampere family's head dim for a call; the binding's checks admit any head dim up to 256, so
@@ -120,10 +128,8 @@ int family_head_dim(Family family, int64_t head_dim, Direction direction = Direc
 int kernel_head_dim(int64_t head_dim, const char* op) {
   const int best = family_head_dim(Family::kSm80, head_dim);
   if (best == 0) {
-    std::string built;
-    for (int d : build_config::kHeadDims) built += " " + str_of(int64_t(d));
     fail(op, ": head_dim ", str_of(head_dim), " needs a kernel for a head dim >= ", str_of(head_dim),
-         "; this build has head dims", built, " (FA_HEAD_DIMS)");
+         "; this build has head dims", head_dims_text(build_config::kHeadDims), " (FA_HEAD_DIMS)");
   }
   return best;
 }
@@ -142,12 +148,10 @@ struct Kernels {
 Kernels sm80_softcap_kernels(int64_t head_dim, const char* op) {
   const int best = family_head_dim(Family::kSm80, head_dim, Direction::kForward, true);
   if (best == 0) {
-    std::string sm80, sm90;
-    for (int d : build_config::kSm80SoftcapHeadDims) sm80 += d != 0 ? " " + str_of(int64_t(d)) : "";
-    for (int d : build_config::kSm90SoftcapHeadDims) sm90 += d != 0 ? " " + str_of(int64_t(d)) : "";
     fail(op, ": softcap at head_dim ", str_of(head_dim), " needs a soft-capping kernel for a head dim >= ",
          str_of(head_dim), " of the kernel family that serves the call; this build has them for head dims",
-         sm90.empty() ? " (none)" : sm90, " on Hopper (sm90a) and", sm80.empty() ? " (none)" : sm80,
+         head_dims_text(build_config::kSm90SoftcapHeadDims), " on Hopper (sm90a) and",
+         head_dims_text(build_config::kSm80SoftcapHeadDims),
          " in the Ampere family, which has them only where FA_CUDA_ARCHS lists an arch besides 90a ",
          "(FA_SOFTCAP_HEAD_DIMS)");
   }
@@ -516,16 +520,10 @@ int64_t default_splits(const KVCacheShape& s, const Variant& v, const Tensor& q)
 int fp8_kvcache_head_dim(const KVCacheShape& s, const char* op) {
   FA_CHECK(s.head_dim % 16 == 0, op, ": with float8_e4m3fn caches on CUDA, head_dim must be a multiple of 16, got ",
            str_of(s.head_dim));
-  int best = 0;
-  std::string built;
-  for (int d : build_config::kSm80Fp8KvHeadDims) {
-    if (d == 0) continue;
-    built += " " + str_of(int64_t(d));
-    if (d >= s.head_dim && (best == 0 || d < best)) best = d;
-  }
+  const int best = smallest_at_least(build_config::kSm80Fp8KvHeadDims, s.head_dim);
   FA_CHECK(best != 0, op, ": float8_e4m3fn caches at head_dim ", str_of(s.head_dim),
            " need a kernel for a head dim >= it; this build has them for head dims",
-           built.empty() ? " (none)" : built, " (FA_FP8_KV_HEAD_DIMS)");
+           head_dims_text(build_config::kSm80Fp8KvHeadDims), " (FA_FP8_KV_HEAD_DIMS)");
   const int64_t rows = s.group_size() * s.seqlen_q;
   FA_CHECK(rows <= fp8_kvcache_max_rows(best), op, ": with float8_e4m3fn caches, a kv head's query rows ",
            "(heads_q / heads_kv · seqlen_q) may be at most ", str_of(int64_t(fp8_kvcache_max_rows(best))),
