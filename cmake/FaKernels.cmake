@@ -41,7 +41,11 @@
 # kernels for float8_e4m3fn caches (entry run_forward_kvcache_fp8, units
 # sm80_kvcache_fp8_hdim<D>_<dtype>, every arch of FA_CUDA_ARCHS); a smaller head dim runs on the
 # next one.
+# FA_FP8_HEAD_DIMS (of FA_HEAD_DIMS; 128, the one head dim measured so far): the Hopper forward's kernels for float8_e4m3fn
+# q, k and v (entry run_forward_fp8, causal off and on, units sm90_fwd_fp8_hdim<D>[_causal]; the
+# output's dtype is chosen at run time), only where FA_CUDA_ARCHS has 90a.
 set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
+set(FA_FP8_SUPPORTED_HEAD_DIMS 128)
 set(FA_FP8_KV_SUPPORTED_HEAD_DIMS 64 128 256)
 # The Hopper family's native head dims, forward and backward.
 set(FA_SM90_NATIVE_HEAD_DIMS 64 128 256)
@@ -128,6 +132,24 @@ macro(_fa_generate_pair_units)
   endforeach()
 endmacro()
 
+# The FP8 forward's units (FA_SM90_FP8_HEAD_DIMS), appended to _sources, and their list for
+# build_config.h (FA_CFG_SM90_FP8_HEAD_DIMS).
+macro(_fa_generate_fp8_forward_units)
+  set(FA_CFG_SM90_FP8_HEAD_DIMS "")
+  foreach(_hdim IN LISTS FA_SM90_FP8_HEAD_DIMS)
+    string(APPEND FA_CFG_SM90_FP8_HEAD_DIMS "${_hdim}, ")
+    foreach(_causal false true)
+      set(_name "sm90_fwd_fp8_hdim${_hdim}")
+      if(_causal)
+        string(APPEND _name "_causal")
+      endif()
+      _fa_generate_unit(${_name} "sm90 fwd, float8_e4m3fn q, k, v, head dim ${_hdim}, causal: ${_causal}"
+                        sm90 fwd run_forward_fp8 ForwardParams "${_hdim}, ${_causal}"
+                        "-gencode=arch=compute_90a,code=sm_90a")
+    endforeach()
+  endforeach()
+endmacro()
+
 # The KV-cache units for float8_e4m3fn caches (FA_SM80_FP8_KV_HEAD_DIMS), appended to _sources,
 # and their list for build_config.h (FA_CFG_SM80_FP8_KV_HEAD_DIMS).
 macro(_fa_generate_fp8_kv_units)
@@ -177,6 +199,15 @@ foreach(_hdim IN LISTS FA_FP8_KV_HEAD_DIMS)
     list(APPEND FA_SM80_FP8_KV_HEAD_DIMS ${_hdim})
   endif()
 endforeach()
+set(FA_SM90_FP8_HEAD_DIMS "")
+foreach(_hdim IN LISTS FA_FP8_HEAD_DIMS)
+  if(NOT _hdim IN_LIST FA_FP8_SUPPORTED_HEAD_DIMS)
+    message(FATAL_ERROR "fa: FA_FP8_HEAD_DIMS entry '${_hdim}' is not one of ${FA_FP8_SUPPORTED_HEAD_DIMS}")
+  endif()
+  if(_hdim IN_LIST FA_HEAD_DIMS AND "90a" IN_LIST FA_CUDA_ARCHS)
+    list(APPEND FA_SM90_FP8_HEAD_DIMS ${_hdim})
+  endif()
+endforeach()
 set(FA_SM80_SOFTCAP_HEAD_DIMS "")
 set(FA_SM90_SOFTCAP_HEAD_DIMS "")
 foreach(_hdim IN LISTS FA_SOFTCAP_HEAD_DIMS)
@@ -220,6 +251,7 @@ function(fa_add_kernel_library target)
     list(GET _row 0 _family)
     if(_family STREQUAL "sm80" AND NOT _fa_pairs_generated)
       _fa_generate_pair_units()  # (sets FA_FAMILY and the like: read from the row below)
+      _fa_generate_fp8_forward_units()
       _fa_generate_fp8_kv_units()
       set(_fa_pairs_generated TRUE)
     endif()
@@ -282,6 +314,7 @@ function(fa_add_kernel_library target)
   endforeach()
   if(NOT _fa_pairs_generated)
     _fa_generate_pair_units()
+    _fa_generate_fp8_forward_units()
     _fa_generate_fp8_kv_units()
   endif()
   foreach(_dtype IN LISTS FA_DTYPES)

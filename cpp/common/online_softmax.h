@@ -44,7 +44,12 @@ struct SumOp {
   CUTE_DEVICE float operator()(float a, float b) const { return a + b; }
 };
 
-template <int kRows>
+// kMaxOffset > 0 (the FP8 forward, whose P enters O += P V as e4m3): the probabilities are
+// exp2(s · scale_log2 - m · scale_log2 + kMaxOffset), up to 2^kMaxOffset, so that the small ones
+// stay among e4m3's normal numbers (down to 2^-6); the reference is then the exact running max
+// (every larger max moves it, no threshold: 2^8 · 2^8 would pass e4m3's 448). The row sums and O
+// carry the same factor, which finalize() takes out.
+template <int kRows, int kMaxOffset = 0>
 struct OnlineSoftmax {
   static constexpr int kRowCount = kRows;
   float row_max[kRows];
@@ -62,7 +67,9 @@ struct OnlineSoftmax {
 
   // How far (in exp2's units: a factor 2^8 = 256) a row's scores may exceed its reference max
   // before the reference moves to them and O is rescaled.
-  static constexpr float kRescaleThreshold = 8.f;
+  static constexpr float kRescaleThreshold = kMaxOffset > 0 ? 0.f : 8.f;
+  // 2^-kMaxOffset: the probabilities' factor, taken out of the sums at the end.
+  static constexpr float kUnscale = 1.f / float(1 << kMaxOffset);
 
   // Folds a tile of raw scores (rows × keys) into the running statistics: scores become the
   // unnormalised probabilities exp(scale · (s - m')), and acc_o (rows × head_dim) is rescaled by
@@ -125,7 +132,7 @@ struct OnlineSoftmax {
     using namespace cute;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float sum = quad_allreduce(row_sum[r], SumOp{});
+      float sum = quad_allreduce(row_sum[r], SumOp{}) * kUnscale;
       float max_scaled = sum > 0.f ? row_max[r] * scale : -INFINITY;  // natural-log units
       float out_factor = 1.f;
       if (sinks[r] != -INFINITY) {
@@ -136,7 +143,7 @@ struct OnlineSoftmax {
         max_scaled = top;
       }
       const bool seen = sum > 0.f;
-      const float inv_sum = seen ? out_factor / sum : 0.f;
+      const float inv_sum = seen ? out_factor * kUnscale / sum : 0.f;
       lse[r] = seen ? max_scaled + __logf(sum) : -INFINITY;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= inv_sum;
@@ -144,7 +151,7 @@ struct OnlineSoftmax {
   }
 
  private:
-  float max_scaled_[kRows];  // the reference max times scale_log2 (0 for a row that is still empty)
+  float max_scaled_[kRows];  // the reference max times scale_log2, less kMaxOffset (0 for a row that is still empty)
   float limit_[kRows];       // the reference max plus kRescaleThreshold / scale_log2 (-inf when empty)
   float correction_[kRows];  // exp2 of (old reference - new reference) · scale_log2, for O and the row sum
   bool max_moved_ = false;
@@ -172,7 +179,7 @@ struct OnlineSoftmax {
       const float correction = move ? exp2f(row_max[r] * scale_log2 - scaled) : 1.f;
       if (move) {
         row_max[r] = tile_max;
-        max_scaled_[r] = scaled;
+        max_scaled_[r] = scaled - kMaxOffset;
         limit_[r] = tile_max + kRescaleThreshold / scale_log2;
       }
       max_moved_ |= move;

@@ -17,11 +17,27 @@ namespace fa::sm90 {
 // Shared memory one CTA may use on sm90 (227 KB).
 inline constexpr int kMaxSmemBytes = 232448;
 
+// The K-major shared-memory atom for rows of kExtent elements: the widest swizzle (128, 64 or 32
+// bytes) whose row the extent fills, so that wgmma and TMA both read it without bank conflicts.
+// 16-bit head dims (multiples of 64) take the 128-byte one; FP8 rows of 64 bytes the 64-byte one.
+template <class Element, int kExtent>
+using KMajorAtom = std::conditional_t<
+    kExtent * sizeof(Element) % 128 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+    std::conditional_t<kExtent * sizeof(Element) % 64 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>,
+                       cute::GMMA::Layout_K_SW32_Atom<Element>>>;
+
 // kHeadDimV: v's and the output's head dim, where it is smaller than q's and k's (DeepSeek's
 // 192/128: FA_HEAD_DIM_PAIRS); the two GEMMs then have their own widths, and V its own buffers.
+//
+// Element float_e4m3_t: the FP8 forward (run_forward_fp8). Both operands of an e4m3 wgmma are
+// K-major, so V comes transposed ((head dim, keys), keys contiguous: ForwardParams::v), and P
+// enters O += P V as e4m3 in registers, permuted across each quad (fragments.h). The output is
+// 16-bit: ElementOut's bytes, filled with bf16 or fp16 (ForwardParams::out_fp16).
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kHeadDimV_ = kHeadDim_>
 struct ForwardConfig {
   using Element = Element_;
+  static constexpr bool kFp8 = sizeof(Element) == 1;
+  using ElementOut = std::conditional_t<kFp8, cutlass::half_t, Element>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kBlockM_;  // query rows of a tile: 64 per consumer warpgroup
@@ -55,21 +71,27 @@ struct ForwardConfig {
   // without bank conflicts; the head dims are multiples of 64. The output may be staged in Q's
   // buffer (below), so it is no wider than Q.
   static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 && kHeadDimV <= kHeadDim);
-  using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemAtom = KMajorAtom<Element, kHeadDim>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, TileQ{}));
   // The output tile (Q's layout where the head dims are one); each consumer warpgroup stores its
   // 64 rows on its own, so the TMA store sees one 64-row slice of that layout.
-  using SmemLayoutO = decltype(cute::tile_to_shape(SmemAtom{}, TileO{}));
+  using SmemLayoutO = decltype(cute::tile_to_shape(KMajorAtom<ElementOut, kHeadDimV>{}, TileO{}));
   using TileOWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDimV>>;
   using SmemLayoutOWarpgroup = decltype(cute::composition(
       SmemLayoutO{}, cute::make_layout(TileOWarpgroup{}, cute::Stride<cute::_1, cute::Int<kBlockM>>{})));
   using SmemLayoutKV = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
-  using SmemLayoutV = decltype(cute::tile_to_shape(
-      SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimV>, cute::Int<kStages>>{}));
+  // V's buffers as TMA fills them: (keys, head dim) rows, or FP8's transposed V (head dim, keys).
+  using SmemLayoutV = std::conditional_t<
+      kFp8,
+      decltype(cute::tile_to_shape(KMajorAtom<Element, kBlockN>{},
+                                   cute::Shape<cute::Int<kHeadDimV>, cute::Int<kBlockN>, cute::Int<kStages>>{})),
+      decltype(cute::tile_to_shape(SmemAtom{},
+                                   cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimV>, cute::Int<kStages>>{}))>;
+  using TileVLoad = std::conditional_t<kFp8, cute::Shape<cute::Int<kHeadDimV>, cute::Int<kBlockN>>, TileV>;
   // V as the B operand of O += P V: (head dim, keys), the same bytes read with head dim as the
-  // contiguous (MN-major) mode.
-  using SmemLayoutVt = TransposedLayout<SmemLayoutV>;
+  // contiguous (MN-major) mode; FP8's as they are (K-major).
+  using SmemLayoutVt = std::conditional_t<kFp8, SmemLayoutV, TransposedLayout<SmemLayoutV>>;
 
   // S = Q Kᵀ with K from shared memory and Q from registers where they allow (kQInRegisters),
   // else from shared memory too; O += P V with P from registers. Each consumer warpgroup owns 64
@@ -83,14 +105,14 @@ struct ForwardConfig {
   // D = 128 tiles.) Measured at D = 128 (docs/tried.md, b14956e): 0.7–1.1% fewer cycles a
   // call at the power limit on the 128-key tiles, 1–3% faster in bench.py; the 144-key tile with Q
   // in registers 0.7–1.5% fewer cycles than 176 keys without.
-  static constexpr bool kQInRegisters = kMmaWarpgroups == 2 && kHeadDim <= 128 && kBlockN <= 144;
+  static constexpr bool kQInRegisters = !kFp8 && kMmaWarpgroups == 2 && kHeadDim <= 128 && kBlockN <= 144;
   using MmaWarpgroups = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
   using MmaSShape = cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
   using MmaSAtom = std::conditional_t<kQInRegisters, decltype(rs_op<Element, MmaSShape>()),
                                       decltype(ss_op<Element, MmaSShape>())>;
   using TiledMmaS = decltype(cute::make_tiled_mma(MmaSAtom{}, MmaWarpgroups{}));
   using MmaOAtom = decltype(rs_op<Element, cute::Shape<cute::_64, cute::Int<kHeadDimV>, cute::Int<kBlockN>>,
-                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>());
+                                  cute::GMMA::Major::K, kFp8 ? cute::GMMA::Major::K : cute::GMMA::Major::MN>());
   using TiledMmaO = decltype(cute::make_tiled_mma(MmaOAtom{}, MmaWarpgroups{}));
   // One warpgroup's share of O += P V: the same per-thread accumulator layout as TiledMmaO, over
   // 64 rows (the epilogue partitions one warpgroup's half of the output tile with it).
@@ -100,10 +122,11 @@ struct ForwardConfig {
   // Whether the non-causal kernel can run on CTA pairs that share K and V (fwd_launch.h): at
   // D = 64 (192-row tiles) they measured no faster, and the kernel leaves their code out.
   // Not with two head dims (their kernels are launched without pairs).
-  static constexpr bool kPairs = kHeadDim >= 128 && kHeadDimV == kHeadDim;
+  // Not FP8 (its transposed V's tiles are not K's shape).
+  static constexpr bool kPairs = !kFp8 && kHeadDim >= 128 && kHeadDimV == kHeadDim;
 
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr int kOBytes = kBlockM * kHeadDimV * sizeof(Element);
+  static constexpr int kOBytes = kBlockM * kHeadDimV * sizeof(ElementOut);
   static constexpr int kKTileBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr int kVTileBytes = kBlockN * kHeadDimV * sizeof(Element);
   static constexpr int kQElems = decltype(cute::cosize(SmemLayoutQ{}))::value;
@@ -116,6 +139,7 @@ struct ForwardConfig {
   // output is written); otherwise it reuses Q's, which is free once the last S = Q Kᵀ is done.
   static constexpr int kKVBytes = kStages * (kKTileBytes + kVTileBytes);
   static constexpr bool kOutputAliasesQ = kQBytes + kOBytes + kKVBytes + 1024 > kMaxSmemBytes;
+  static_assert(!(kFp8 && kOutputAliasesQ), "the FP8 output tile is wider than Q's buffer");
   // Q's buffers: two where a second one fits beside the output tile (the next tile's Q then loads
   // while this tile runs, and the producer goes on to the next tile's K and V at once; with one,
   // both wait until this tile's last S = Q Kᵀ is done), else one.
@@ -126,7 +150,7 @@ struct ForwardConfig {
     cute::array_aligned<Element, kQElems * kQStages, 1024> q;
     cute::array_aligned<Element, kKVElems, 1024> k;
     cute::array_aligned<Element, kVElems, 1024> v;
-    std::conditional_t<kOutputAliasesQ, Empty, cute::array_aligned<Element, kOElems, 1024>> o;
+    std::conditional_t<kOutputAliasesQ, Empty, cute::array_aligned<ElementOut, kOElems, 1024>> o;
     typename KVPipeline::SharedStorage pipeline_k;
     typename KVPipeline::SharedStorage pipeline_v;
     uint64_t q_full[kQStages];   // transaction barrier of each Q buffer
@@ -177,7 +201,7 @@ struct ForwardConfig {
     }
   }
 
-  CUTE_DEVICE static Element* output_buffer(SharedStorage& s) {
+  CUTE_DEVICE static ElementOut* output_buffer(SharedStorage& s) {
     if constexpr (kOutputAliasesQ) {
       return s.q.data();
     } else {

@@ -1,7 +1,7 @@
 // The epilogue of the Hopper-family forward: the output tile and the row log-sum-exps.
 //
 // lse goes from registers straight to global memory (one lane per row). O is converted to
-// fp16/bf16, written to shared memory with stmatrix in the layout the TMA reads, and stored by TMA
+// fp16/bf16 (the FP8 forward's too), written to shared memory with stmatrix in the layout the TMA reads, and stored by TMA
 // (rows past the query's end and columns past the head dim are clipped by the copy engine); in a
 // variable-length batch, where the rows past a sequence's end belong to the next sequence, by the
 // warpgroup's threads with 16-byte writes. Each
@@ -25,8 +25,28 @@ namespace fa::sm90 {
 
 template <class Config>
 struct ForwardEpilogue {
-  using Element = typename Config::Element;
+  using Element = typename Config::ElementOut;
   static constexpr int kBlockM = Config::kBlockM;
+
+  // O in the output's dtype: Element, or for the FP8 forward bf16 or fp16 (p.out_fp16) in
+  // Element's 16-bit registers.
+  template <class AccO>
+  CUTE_DEVICE static auto output_fragment(const ForwardParams& p, AccO const& acc_o) {
+    using namespace cute;
+    if constexpr (Config::kFp8) {
+      Tensor out = make_tensor<Element>(acc_o.layout());
+      if (p.out_fp16) {
+        out = convert_fragment<cutlass::half_t>(acc_o);
+      } else {
+        Tensor bf16 = convert_fragment<cutlass::bfloat16_t>(acc_o);
+        CUTE_UNROLL
+        for (int i = 0; i < size(out); ++i) out(i) = cutlass::half_t::bitcast(bf16(i).raw());
+      }
+      return out;
+    } else {
+      return convert_fragment<Element>(acc_o);
+    }
+  }
 
   // (row, column) within the tile of each accumulator element of this thread, as rows × columns.
   CUTE_DEVICE static auto output_coords(int mma_tid) {
@@ -70,7 +90,7 @@ struct ForwardEpilogue {
       barrier_sync(ForwardBarrier::kEpilogue, 128, warpgroup);
     }
     typename Config::TiledMmaOWarpgroup mma_o;
-    Tensor rO = convert_fragment<Element>(acc_o);
+    Tensor rO = output_fragment(p, acc_o);
     auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
     auto thr_copy = copy_o.get_thread_slice(mma_tid % 128);
     copy(copy_o, thr_copy.retile_S(rO), thr_copy.partition_D(sO));

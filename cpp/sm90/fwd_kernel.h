@@ -108,19 +108,36 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
     asm volatile("" : "+r"(tid));
     const int q_stage = q_loads % Config::kQStages;
     cutlass::arch::ClusterBarrier::wait(&smem.q_full[q_stage], (q_loads++ / Config::kQStages) & 1);
-    OnlineSoftmax<kRows> softmax;
+    // FP8: P carries a factor 2^8 (common/online_softmax.h), and the tile's descales scale the
+    // scores (q's and k's) and the output (v's).
+    OnlineSoftmax<kRows, Config::kFp8 ? 8 : 0> softmax;
+    float scale = p.scale, scale_log2 = p.scale_log2, v_descale = 1.f;
+    if constexpr (Config::kFp8) {
+      const int b = w.batch, kv_head = w.head / (p.heads_q / p.heads_kv);
+      auto at = [&](const float* t, const int64_t(&stride)[2]) {
+        return t != nullptr ? t[b * stride[0] + kv_head * stride[1]] : 1.f;
+      };
+      const float qk = at(p.q_descale, p.q_descale_stride) * at(p.k_descale, p.k_descale_stride);
+      scale *= qk;
+      scale_log2 *= qk;
+      v_descale = at(p.v_descale, p.v_descale_stride);
+    }
     // The mainloop counts the key tiles from n_begin (ptxas spilled at D = 256 with n_begin kept
     // through the loop beside its bounds; docs/tried.md).
     int own_blocks = Mainloop::own_blocks(mask, seq.seqlen_q, w.m_block);
     if constexpr (kCausal) own_blocks = max(0, own_blocks - n_begin);
     Mainloop::run(p, smem, q_stage, pipeline_k, pipeline_v, k_state, v_state, turns, tid, w,
                   mask.shifted(n_begin * Config::kBlockN), n_blocks - n_begin, own_blocks, acc_o, softmax,
-                  params.pair);
+                  params.pair, scale_log2);
     float row_lse[kRows], row_sinks[kRows];
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) row_sinks[r] = p.sinks != nullptr ? p.sinks[w.head] : -INFINITY;
     auto out_rows = rowcol_view(acc_o);
-    softmax.finalize(out_rows, p.scale, row_lse, row_sinks);
+    softmax.finalize(out_rows, Config::kFp8 ? scale : p.scale, row_lse, row_sinks);
+    if constexpr (Config::kFp8) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= v_descale;
+    }
     Epilogue::store(params, smem, tid, w, seq, acc_o, row_lse);
   }
   Epilogue::finish(mma_tid);

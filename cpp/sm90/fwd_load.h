@@ -23,6 +23,7 @@
 #include "sm90/fwd_config.h"
 #include "sm90/named_barriers.h"
 #include "sm90/tile_scheduler.h"
+#include "sm90/transpose_v.h"
 
 namespace fa::sm90 {
 
@@ -43,7 +44,14 @@ struct ForwardLoad {
     const TensorExtents ext = TensorExtents::of(p);
     Tensor mQ = params.tma_q.get_tma_tensor(make_shape(ext.rows_q, p.head_dim, p.heads_q, ext.batches));
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
-    Tensor mV = params.tma_v.get_tma_tensor(make_shape(ext.rows_k, head_dim_v<Config>(p), p.heads_kv, ext.batches));
+    // FP8: V transposed, (Dv, S, H, B) (ForwardParams::v).
+    Tensor mV = params.tma_v.get_tma_tensor([&] {
+      if constexpr (Config::kFp8) {
+        return make_shape(head_dim_v<Config>(p), int(p.v_stride.row), p.heads_kv, ext.batches);
+      } else {
+        return make_shape(ext.rows_k, head_dim_v<Config>(p), p.heads_kv, ext.batches);
+      }
+    }());
     // Whether tile t lies past its sequence's rows (varlen: the order covers the longest sequence).
     auto past_its_sequence = [&](int t) {
       const WorkTile w = TileScheduler::tile(params.scheduler, t);
@@ -113,7 +121,14 @@ struct ForwardLoad {
       Tensor gQ = local_tile(q_rows(mQ, w.head), typename Config::TileQ{}, make_coord(w.m_block, _0{}));
       Tensor gK = local_tile(k_rows(mK, w.head / group), typename Config::TileKV{},
                              make_coord(_, _0{}));  // (kBlockN, D, key tiles)
-      Tensor gV = local_tile(k_rows(mV, w.head / group), typename Config::TileV{}, make_coord(_, _0{}));
+      Tensor gV = [&] {  // (kBlockN, Dv, key tiles), FP8 (Dv, kBlockN, key tiles)
+        if constexpr (Config::kFp8) {
+          Tensor keys = domain_offset(make_coord(_0{}, transposed_v_begin(p, w.batch)), mV(_, _, w.head / group, b));
+          return local_tile(keys, typename Config::TileVLoad{}, make_coord(_0{}, _));
+        } else {
+          return local_tile(k_rows(mV, w.head / group), typename Config::TileV{}, make_coord(_, _0{}));
+        }
+      }();
       const int q_stage = q_loads % Config::kQStages;
       Tensor sQ = make_tensor(make_smem_ptr(Config::query_buffer(smem, q_stage)), typename Config::SmemLayoutQ{});
       auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),

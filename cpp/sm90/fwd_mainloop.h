@@ -5,7 +5,8 @@
 //   S = Q K[n]ᵀ        wgmma, K from shared memory, Q from registers where they allow (else from
 //                      shared memory too: Config::kQInRegisters), fp32 accumulator in registers
 //   softmax(S)         online: running row max and sum (common/online_softmax.h), P in registers
-//   O += P V[n]        wgmma with P from registers (converted to fp16/bf16 in place)
+//   O += P V[n]        wgmma with P from registers (converted to fp16/bf16 in place; FP8: to e4m3,
+//                      gathered across the quad into the operand's layout, fragments.h)
 // Overlap inside a warpgroup: step n issues S[n] = Q K[n]ᵀ and O += P[n+1] V[n+1] back to back and
 // runs the softmax of S[n] while O's GEMM is still on the tensor cores; O is rescaled once that GEMM
 // is done. Overlap between the two warpgroups (ping-pong): each issues its GEMMs only on its turn
@@ -62,13 +63,16 @@ struct ForwardMainloop {
   // Q must be in shared memory, in buffer q_stage (the caller waited on its q_full). This
   // warpgroup computes only the tiles [0, own_blocks) its own 64 rows see (own_blocks(), above);
   // it takes its turn for the others and hands their buffers back unread.
+  // fp8_scale_log2: the FP8 forward's softmax scale (p.scale_log2 times the tile's q and k
+  // descales); the 16-bit kernels read p.scale_log2.
   template <class Storage, class AccO, class Softmax>
   CUTE_DEVICE static void run(const ForwardParams& p, Storage& smem, int q_stage, KVPipeline& pipeline_k,
                               KVPipeline& pipeline_v, PipelineState& k_state, PipelineState& v_state,
                               WarpgroupTurns<Config::kMmaWarpgroups> const& turns, int mma_tid,
                               const WorkTile& w, const AttentionMask<kCausal>& mask, int n_blocks,
-                              int own_blocks, AccO& acc_o, Softmax& softmax, int pair) {
+                              int own_blocks, AccO& acc_o, Softmax& softmax, int pair, float fp8_scale_log2) {
     using namespace cute;
+    const float scale_log2 = Config::kFp8 ? fp8_scale_log2 : p.scale_log2;
     Tensor sQ = make_tensor(make_smem_ptr(Config::query_buffer(smem, q_stage)), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutVt{});
@@ -95,8 +99,22 @@ struct ForwardMainloop {
 
     Tensor acc_s = partition_fragment_C(mma_s, typename Config::TileS{});
     Tensor tScS = thr_s.partition_C(make_identity_tensor(typename Config::TileS{}));
+    // P as O += P V's A operand: acc_s converted in place (16-bit), or an e4m3 fragment of its own.
     Tensor probs = make_tensor<Element>(acc_s.layout());
-    Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(acc_s.layout()));
+    Tensor tOrP = [&] {
+      if constexpr (Config::kFp8) {
+        return make_tensor<Element>(Layout<Shape<Shape<_4, _2, _2>, _1, Int<kBlockN / 32>>>{});
+      } else {
+        return make_tensor(probs.data(), accumulator_as_a_operand(acc_s.layout()));
+      }
+    }();
+    auto convert_probs = [&]() {
+      if constexpr (Config::kFp8) {
+        fp8_probs_as_a_operand(acc_s, tOrP);
+      } else {
+        probs = convert_fragment<Element>(acc_s);
+      }
+    };
 
     const int row0 = w.m_block * kBlockM;
     // The three runs of common/attention_mask.h, for this warpgroup's rows.
@@ -115,7 +133,7 @@ struct ForwardMainloop {
       } else if constexpr (decltype(masked)::value == kLeftMasked) {
         mask.template apply_rows</*kEnd=*/false, /*kBegin=*/true>(scores, rowcol_view(tScS), row0, n * kBlockN);
       }
-      softmax.template rescale_scores<kFirstRows>(scores, p.scale_log2);
+      softmax.template rescale_scores<kFirstRows>(scores, scale_log2);
     };
     using AllRows = cute::Int<Softmax::kRowCount>;
     // K[n] is waited for before the turn: a warpgroup that holds the turn while its K tile is still
@@ -179,7 +197,7 @@ struct ForwardMainloop {
     } else {
       softmax_of(n, cute::Int<kUnmasked>{}, AllRows{});
     }
-    probs = convert_fragment<Element>(acc_s);
+    convert_probs();
 
     // One step of the loop. The masked steps (the few at the diagonal or the keys' end, which come
     // first) and the unmasked ones run as two loops, so that no step tests for the mask: the
@@ -218,10 +236,10 @@ struct ForwardMainloop {
         for (int r = 0; r < kFirst; ++r) sums += softmax.row_sum[r];
         wait_o_after(sums);
         auto scores = rowcol_view(acc_s);
-        softmax.template rescale_scores_other_rows<kFirst>(scores, p.scale_log2);
+        softmax.template rescale_scores_other_rows<kFirst>(scores, scale_log2);
       }
       release(pipeline_v, smem.pipeline_v, v_state);
-      probs = convert_fragment<Element>(acc_s);
+      convert_probs();
       auto out_rows = rowcol_view(acc_o);
       softmax.rescale_output(out_rows);
     };

@@ -1,4 +1,5 @@
-// The wgmma instruction of a warpgroup GEMM step: CuTe's SM90 MMA op for a 64 × N × 16 tile.
+// The wgmma instruction of a warpgroup GEMM step: CuTe's SM90 MMA op for a 64 × N × 16 tile
+// (64 × N × 32 for e4m3).
 //
 // CuTe's op selectors (GMMA::ss_op_selector, rs_op_selector) pick the largest N they know that
 // divides the tile's, and without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED they know only N = 8, 16,
@@ -19,7 +20,7 @@ namespace fa::sm90 {
 namespace detail {
 
 // The extended ops: (Element, N) → the SS (both operands from shared memory) and RS (A from
-// registers) op with fp32 accumulators.
+// registers) op with fp32 accumulators (fp16, bf16, and e4m3 for the FP8 forward).
 template <class Element, int kN, cute::GMMA::Major kMajorA, cute::GMMA::Major kMajorB>
 struct ExtendedGmma;
 
@@ -33,6 +34,13 @@ struct ExtendedGmma;
   struct ExtendedGmma<cutlass::bfloat16_t, N, kMajorA, kMajorB> {                          \
     using SS = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_SS<kMajorA, kMajorB>;         \
     using RS = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_RS<kMajorA, kMajorB>;         \
+  };                                                                                       \
+  template <cute::GMMA::Major kMajorA, cute::GMMA::Major kMajorB>                          \
+  struct ExtendedGmma<cutlass::float_e4m3_t, N, kMajorA, kMajorB> {                        \
+    static_assert(kMajorA == cute::GMMA::Major::K && kMajorB == cute::GMMA::Major::K,      \
+                  "e4m3 wgmma reads both operands K-major");                               \
+    using SS = cute::SM90::GMMA::MMA_64x##N##x32_F32E4M3E4M3_SS_TN<>;                      \
+    using RS = cute::SM90::GMMA::MMA_64x##N##x32_F32E4M3E4M3_RS_TN<>;                      \
   };
 FA_SM90_EXTENDED_GMMA(24)
 FA_SM90_EXTENDED_GMMA(40)

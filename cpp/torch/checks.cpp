@@ -136,11 +136,52 @@ void check_cu_seqlens(const char* op, const char* name, const Tensor& t, const T
 
 }  // namespace
 
+namespace {
+
+// FP8 inputs: q float8_e4m3fn (k and v then must be too).
+bool fp8_inputs(const Tensor& q) { return q.defined() && q.scalar_type() == ScalarType::Float8_e4m3fn; }
+
+// A descale factor of the FP8 inputs (or caches): float32 (batch, heads_kv) on q's device.
+void check_descale(const char* op, const char* name, const Tensor& t, const Tensor& q, const AttentionShape& s) {
+  FA_CHECK(t.scalar_type() == ScalarType::Float, op, ": ", name, ".dtype must be float32, got ",
+           dtype_name(t.scalar_type()));
+  FA_CHECK(t.dim() == 2 && t.size(0) == s.batch && t.size(1) == s.heads_kv, op, ": ", name,
+           " must be (batch, heads_kv) = (", str_of(s.batch), ", ", str_of(s.heads_kv), "), got shape ",
+           shape_of(t));
+  FA_CHECK(same_device(t, q), op, ": ", name, " is on ", device_name(t), " but q is on ", device_name(q));
+}
+
+}  // namespace
+
+Fp8Args check_fp8_args(const char* op, const Tensor& q, const AttentionShape& s, std::optional<Tensor> q_descale,
+                       std::optional<Tensor> k_descale, std::optional<Tensor> v_descale,
+                       std::optional<ScalarType> out_dtype) {
+  Fp8Args a{fp8_inputs(q), q_descale, k_descale, v_descale, std::nullopt};
+  const char* names[3] = {"q_descale", "k_descale", "v_descale"};
+  const std::optional<Tensor>* descales[3] = {&q_descale, &k_descale, &v_descale};
+  for (int i = 0; i < 3; ++i) {
+    if (!*descales[i]) continue;
+    FA_CHECK(a.fp8, op, ": ", names[i], " applies to float8_e4m3fn q, k and v; q is ", dtype_name(q.scalar_type()));
+    check_descale(op, names[i], **descales[i], q, s);
+  }
+  if (out_dtype) {
+    FA_CHECK(a.fp8, op, ": out_dtype applies to float8_e4m3fn q, k and v (the output of 16-bit inputs has their ",
+             "dtype); q is ", dtype_name(q.scalar_type()));
+  }
+  if (a.fp8) {
+    const ScalarType dtype = out_dtype.value_or(ScalarType::BFloat16);
+    FA_CHECK(half_type(dtype), op, ": out_dtype must be torch.bfloat16 or torch.float16, got ", dtype_name(dtype));
+    a.out_dtype = dtype;
+  }
+  return a;
+}
+
 AttentionShape check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
   constexpr const char* op = "fa.forward";
-  check_attention_tensor(op, "q", q);
-  check_attention_tensor(op, "k", k);
-  check_attention_tensor(op, "v", v);
+  const bool fp8 = fp8_inputs(q);
+  check_attention_tensor(op, "q", q, false, fp8);
+  check_attention_tensor(op, "k", k, false, fp8);
+  check_attention_tensor(op, "v", v, false, fp8);
 
   AttentionShape s;
   s.batch = q.size(0);
@@ -162,9 +203,10 @@ AttentionShape check_forward_inputs(const Tensor& q, const Tensor& k, const Tens
 VarlenShape check_varlen_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                 int64_t max_seqlen_q, int64_t max_seqlen_k) {
-  check_attention_tensor(op, "q", q, true);
-  check_attention_tensor(op, "k", k, true);
-  check_attention_tensor(op, "v", v, true);
+  const bool fp8 = fp8_inputs(q);
+  check_attention_tensor(op, "q", q, true, fp8);
+  check_attention_tensor(op, "k", k, true, fp8);
+  check_attention_tensor(op, "v", v, true, fp8);
   FA_CHECK(same_rows(k, v), op, ": k and v must have the same (total_k, heads_kv) (their head dims may ",
            "differ), got k ", shape_of(k), " and v ", shape_of(v));
   check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q);
@@ -254,18 +296,13 @@ KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const 
            "] (0 chooses), got ", str_of(num_splits));
   check_heads(op, q, k_cache, v_cache, s, fp8);
   s.fp8 = fp8;
-  auto check_descale = [&](const char* name, const std::optional<Tensor>& t) {
+  auto check_cache_descale = [&](const char* name, const std::optional<Tensor>& t) {
     if (!t) return;
     FA_CHECK(fp8, op, ": ", name, " applies to float8_e4m3fn caches; k_cache is ", dtype_name(k_cache.scalar_type()));
-    FA_CHECK(t->scalar_type() == ScalarType::Float, op, ": ", name, ".dtype must be float32, got ",
-             dtype_name(t->scalar_type()));
-    FA_CHECK(t->dim() == 2 && t->size(0) == s.batch && t->size(1) == s.heads_kv, op, ": ", name,
-             " must be (batch, heads_kv) = (", str_of(s.batch), ", ", str_of(s.heads_kv), "), got shape ",
-             shape_of(*t));
-    FA_CHECK(same_device(*t, q), op, ": ", name, " is on ", device_name(*t), " but q is on ", device_name(q));
+    check_descale(op, name, *t, q, s);
   };
-  check_descale("k_descale", k_descale);
-  check_descale("v_descale", v_descale);
+  check_cache_descale("k_descale", k_descale);
+  check_cache_descale("v_descale", v_descale);
   return s;
 }
 

@@ -34,12 +34,21 @@ struct KVCacheShape : AttentionShape {
   bool fp8 = false;       // float8_e4m3fn k_cache and v_cache (with optional k_descale, v_descale)
 };
 
+// The FP8 forward's extras (q, k and v float8_e4m3fn): float32 (batch, heads_kv) descales and the
+// output's dtype (bfloat16, or float16). None of them for 16-bit inputs.
+struct Fp8Args {
+  bool fp8 = false;
+  std::optional<Tensor> q_descale, k_descale, v_descale;
+  std::optional<ScalarType> out_dtype;  // the output's dtype where it is not q's
+};
+
 inline constexpr int64_t kMaxHeadDim = 256;
 inline constexpr int64_t kPageRows = 16;    // page sizes are multiples of this
 inline constexpr int64_t kMaxSplits = 128;
 inline constexpr int64_t kHeadDimMultiple = 8;
 
-// q (B, Hq, Sq, D), k (B, Hk, Sk, D) and v (B, Hk, Sk, Dv): fp16/bf16, one device, stride 1 in the
+// q (B, Hq, Sq, D), k (B, Hk, Sk, D) and v (B, Hk, Sk, Dv): fp16/bf16 (or all three float8_e4m3fn:
+// check_fp8_args), one device, stride 1 in the
 // last dim. Every op takes v's head dim Dv (the output's) apart from q's and k's D; the CUDA kernels
 // need Dv = D for now (cuda_ops.cpp says so).
 AttentionShape check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v);
@@ -95,6 +104,13 @@ struct Variant {
 // q's device (made stride 1).
 Variant check_variant(const char* op, bool causal, int64_t window_left, int64_t window_right, double softcap,
                       const std::optional<Tensor>& sinks, const Tensor& q, int64_t heads_q);
+
+// The FP8 forward's arguments of `op` (checks.h Fp8Args): descales only with float8_e4m3fn q, k
+// and v, float32 (batch, heads_kv) on q's device, any strides; out_dtype only with them, bfloat16
+// (the default) or float16.
+Fp8Args check_fp8_args(const char* op, const Tensor& q, const AttentionShape& s, std::optional<Tensor> q_descale,
+                       std::optional<Tensor> k_descale, std::optional<Tensor> v_descale,
+                       std::optional<ScalarType> out_dtype);
 
 // softmax_scale, or 1/sqrt(head_dim) when it is None.
 float resolve_softmax_scale(std::optional<double> softmax_scale, int64_t head_dim);

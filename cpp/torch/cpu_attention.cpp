@@ -212,10 +212,10 @@ class Batch {
   std::optional<Tensor> page_table_;
 };
 
-// An FP8 cache's factors: keys and values of (batch entry b, kv head h) times descale[b, h] (1
-// where the call gave none).
+// FP8 factors: keys, values (and FP8 queries) of (batch entry b, kv head h) times descale[b, h]
+// (1 where the call gave none).
 struct Descales {
-  std::optional<Tensor> k, v;
+  std::optional<Tensor> k, v, q;
   static float at(const std::optional<Tensor>& t, int64_t b, int64_t h) {
     return t ? static_cast<const float*>(t->data_ptr())[b * t->stride(0) + h * t->stride(1)] : 1.f;
   }
@@ -227,15 +227,16 @@ void scale_rows(std::vector<float>& rows, float factor) {
   }
 }
 
-// T: q's and the output's element type; TKV: k's and v's (T's, or an FP8 cache's).
-template <class T, class TKV = T>
+// T: q's element type; TKV: k's and v's (T's, or an FP8 cache's); TOut: the output's (T's, or
+// bf16 / fp16 for FP8 inputs).
+template <class T, class TKV = T, class TOut = T>
 void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const ForwardOutputs& o,
                   const Batch& batch, float scale, const Variant& variant, const Descales& descales = {}) {
   const bool packed = batch.packed();
   const auto q = Rows<const T>::attention(q_t, packed);
   const auto k = batch.kv_rows<TKV>(k_t), v = batch.kv_rows<TKV>(v_t);
   const float* sinks = variant.sinks ? static_cast<const float*>(variant.sinks->data_ptr()) : nullptr;
-  const auto out = Rows<T>::attention(o.out, packed);
+  const auto out = Rows<TOut>::attention(o.out, packed);
   const auto lse = Rows<float>::lse(o.lse, packed);
 
   for (int64_t b = 0; b < batch.size(); ++b) {
@@ -248,6 +249,7 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
       load_rows(v, b, hk, k0, s.seqlen_k, dv, values.data());
       scale_rows(keys, Descales::at(descales.k, b, hk));
       scale_rows(values, Descales::at(descales.v, b, hk));
+      const float q_factor = Descales::at(descales.q, b, hk);
       // The group's query heads stacked as rows: (hq, i) for hq in the group, i < Sq.
       parallel_for(group * s.seqlen_q, [&](int64_t begin, int64_t end) {
         std::vector<float> query(d), acc(dv), scores(s.seqlen_k);
@@ -255,7 +257,7 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
           const int64_t hq = hk * group + r / s.seqlen_q, i = r % s.seqlen_q;
           const KeyRange keys_seen = visible_keys(s, variant, i);
           const T* q_row = q.row(b, hq, q0 + i);
-          for (int64_t c = 0; c < d; ++c) query[c] = static_cast<float>(q_row[c]);
+          for (int64_t c = 0; c < d; ++c) query[c] = static_cast<float>(q_row[c]) * q_factor;
           // A sink joins the row's softmax as one more logit, with no value.
           const float sink = sinks ? sinks[hq] : -kInf;
           float row_max = sink;
@@ -264,9 +266,9 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
             row_max = std::max(row_max, scores[j]);
           }
           std::fill(acc.begin(), acc.end(), 0.f);
-          T* out_row = out.row(b, hq, q0 + i);
+          TOut* out_row = out.row(b, hq, q0 + i);
           if (row_max == -kInf) {  // no key and no sink: output 0, lse -inf
-            for (int64_t c = 0; c < dv; ++c) out_row[c] = static_cast<T>(0.f);
+            for (int64_t c = 0; c < dv; ++c) out_row[c] = static_cast<TOut>(0.f);
             *lse.row(b, hq, q0 + i) = -kInf;
             continue;
           }
@@ -277,7 +279,7 @@ void forward_impl(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const
             axpy(p, &values[j * dv], acc.data(), dv);
           }
           const float inv = 1.f / row_sum;
-          for (int64_t c = 0; c < dv; ++c) out_row[c] = static_cast<T>(acc[c] * inv);
+          for (int64_t c = 0; c < dv; ++c) out_row[c] = static_cast<TOut>(acc[c] * inv);
           *lse.row(b, hq, q0 + i) = row_max + std::log(row_sum);
         }
       });
@@ -386,6 +388,17 @@ void forward_any(const Tensor& q, Args&&... args) {
   }
 }
 
+// The forward of float8_e4m3fn q, k and v (fa.forward's FP8 inputs): the output bf16 or fp16.
+template <class... Args>
+void forward_fp8(const Tensor& q, const ForwardOutputs& o, Args&&... args) {
+  using F8 = torch::headeronly::Float8_e4m3fn;
+  if (o.out.scalar_type() == ScalarType::Half) {
+    forward_impl<F8, F8, torch::headeronly::Half>(q, std::forward<Args>(args)...);
+  } else {
+    forward_impl<F8, F8, torch::headeronly::BFloat16>(q, std::forward<Args>(args)...);
+  }
+}
+
 // The KV cache's forward: forward_any, with float8_e4m3fn caches too.
 template <class... Args>
 void forward_kvcache_any(const Tensor& q, const Tensor& k_cache, Args&&... args) {
@@ -411,13 +424,21 @@ void backward_any(const Tensor& dout, const Tensor& q, Args&&... args) {
 
 std::tuple<Tensor, Tensor> forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
                                        std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                       int64_t window_right, double softcap, std::optional<Tensor> sinks) {
+                                       int64_t window_right, double softcap, std::optional<Tensor> sinks,
+                                       std::optional<Tensor> q_descale, std::optional<Tensor> k_descale,
+                                       std::optional<Tensor> v_descale, std::optional<ScalarType> out_dtype) {
+  constexpr const char* op = "fa.forward";
   const AttentionShape s = check_forward_inputs(q, k, v);
-  const Variant variant = check_variant("fa.forward", causal, window_left, window_right, softcap, sinks, q, s.heads_q);
+  const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q, s.heads_q);
+  const Fp8Args fp8 = check_fp8_args(op, q, s, q_descale, k_descale, v_descale, out_dtype);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
-  ForwardOutputs o = allocate_forward_outputs(q, s);
+  ForwardOutputs o = allocate_forward_outputs(q, s, fp8.out_dtype);
   if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
-  forward_any(q, k, v, o, Batch(s), scale, variant);
+  if (fp8.fp8) {
+    forward_fp8(q, o, k, v, o, Batch(s), scale, variant, Descales{fp8.k_descale, fp8.v_descale, fp8.q_descale});
+  } else {
+    forward_any(q, k, v, o, Batch(s), scale, variant);
+  }
   return {o.out, o.lse};
 }
 
@@ -460,18 +481,25 @@ std::tuple<Tensor, Tensor> forward_varlen_cpu(const Tensor& q, const Tensor& k, 
                                               const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                               int64_t max_seqlen_q, int64_t max_seqlen_k,
                                               std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                              int64_t window_right, double softcap, std::optional<Tensor> sinks) {
+                                              int64_t window_right, double softcap, std::optional<Tensor> sinks,
+                                              std::optional<Tensor> q_descale, std::optional<Tensor> k_descale,
+                                              std::optional<Tensor> v_descale, std::optional<ScalarType> out_dtype) {
   constexpr const char* op = "fa.forward_varlen";
   const VarlenShape s = check_varlen_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q, s.heads_q);
+  const Fp8Args fp8 = check_fp8_args(op, q, s, q_descale, k_descale, v_descale, out_dtype);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const Batch batch(op, s, cu_seqlens_q, cu_seqlens_k);
-  ForwardOutputs o = allocate_varlen_outputs(q, s);
+  ForwardOutputs o = allocate_varlen_outputs(q, s, fp8.out_dtype);
   // Rows past the last sequence belong to none: out 0, lse -inf, as for rows that see no key.
   torch::stable::zero_(o.out);
   torch::stable::fill_(o.lse, -std::numeric_limits<double>::infinity());
   if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
-  forward_any(q, k, v, o, batch, scale, variant);
+  if (fp8.fp8) {
+    forward_fp8(q, o, k, v, o, batch, scale, variant, Descales{fp8.k_descale, fp8.v_descale, fp8.q_descale});
+  } else {
+    forward_any(q, k, v, o, batch, scale, variant);
+  }
   return {o.out, o.lse};
 }
 

@@ -12,7 +12,9 @@ namespace fa::torch_binding {
 
 std::tuple<Tensor, Tensor> forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
                                        std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                       int64_t window_right, double softcap, std::optional<Tensor> sinks);
+                                       int64_t window_right, double softcap, std::optional<Tensor> sinks,
+                                       std::optional<Tensor> q_descale, std::optional<Tensor> k_descale,
+                                       std::optional<Tensor> v_descale, std::optional<ScalarType> out_dtype);
 
 // The backward: deterministic whatever `deterministic` says (each thread owns the rows it writes).
 std::tuple<Tensor, Tensor, Tensor> backward_cpu(const Tensor& dout, const Tensor& q, const Tensor& k,
@@ -36,7 +38,9 @@ std::tuple<Tensor, Tensor> forward_varlen_cpu(const Tensor& q, const Tensor& k, 
                                               const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                               int64_t max_seqlen_q, int64_t max_seqlen_k,
                                               std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                              int64_t window_right, double softcap, std::optional<Tensor> sinks);
+                                              int64_t window_right, double softcap, std::optional<Tensor> sinks,
+                                              std::optional<Tensor> q_descale, std::optional<Tensor> k_descale,
+                                              std::optional<Tensor> v_descale, std::optional<ScalarType> out_dtype);
 
 std::tuple<Tensor, Tensor, Tensor> backward_varlen_cpu(const Tensor& dout, const Tensor& q, const Tensor& k,
                                                        const Tensor& v, const Tensor& out,

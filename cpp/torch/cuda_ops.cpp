@@ -387,21 +387,33 @@ void set_variant(ForwardParams& p, const Variant& v, Direction direction) {
   }
 }
 
+// A descale tensor's pointer and strides into p's fields (nothing for None).
+void set_descale(const std::optional<Tensor>& t, const float*& ptr, int64_t (&stride)[2]) {
+  if (!t) return;
+  ptr = static_cast<const float*>(t->data_ptr());
+  stride[0] = t->stride(0);
+  stride[1] = t->stride(1);
+}
+
+// The Hopper forward's tile counter (causal and varlen calls: CTAs take the next tile from it as
+// they finish, since the tiles differ in length), zeroed on `stream`; held by the returned tensor.
+std::optional<Tensor> sm90_tile_counter(ForwardParams& p, const Tensor& q, bool causal, cudaStream_t stream,
+                                        const char* op) {
+  if (!causal && p.cu_seqlens_q == nullptr) return std::nullopt;
+  Tensor counter = torch::stable::new_empty(q, {1}, ScalarType::Int);
+  p.tile_counter = static_cast<int*>(counter.data_ptr());
+  // A memset node rather than torch's fill kernel: less host time per call.
+  check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), op);
+  return counter;
+}
+
 // Launches the forward kernels of `kernels` for p on q's current stream; causal: the kernels
 // instantiated for causal (Variant::causal_kernels: a window's too, common/attention_mask.h).
 void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kernels, bool causal, const char* op) {
   const cudaStream_t stream = current_stream(q);
   cudaError_t err;
   if (kernels.family == Family::kSm90) {
-    // Causal tiles differ in length, and so do a varlen batch's: CTAs take the next one from a
-    // counter as they finish.
-    std::optional<Tensor> tile_counter;
-    if (causal || p.cu_seqlens_q != nullptr) {
-      tile_counter = torch::stable::new_empty(q, {1}, ScalarType::Int);
-      p.tile_counter = static_cast<int*>(tile_counter->data_ptr());
-      // A memset node rather than torch's fill kernel: less host time per call.
-      check_cuda(cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream), op);
-    }
+    const std::optional<Tensor> tile_counter = sm90_tile_counter(p, q, causal, stream, op);
     if (kernels.head_dim_v != 0) {
       err = dispatch_pair(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto hdv, auto c) {
         return sm90::run_forward_dv<decltype(tag), decltype(hd)::value, decltype(hdv)::value, decltype(c)::value,
@@ -459,19 +471,91 @@ void forward_any_head_dims(ForwardParams& p, ForwardOutputs& o, const Tensor& q,
   copy_narrowed(o.out, padded.out);
 }
 
+// The FP8 forward's kernel head dim for a call (the smallest of FA_FP8_HEAD_DIMS holding it), after
+// the checks only that forward needs: the Hopper family, no soft-capping, one head dim, a multiple
+// of 16 (whole 16-byte rows for TMA).
+int fp8_forward_head_dim(const AttentionShape& s, const Variant& variant, const std::string& arch, const char* op) {
+  FA_CHECK(arch == "90a", op, ": float8_e4m3fn q, k and v run on the Hopper family alone (sm_90a: the e4m3 ",
+           "wgmma); this device is sm_", arch, ". Run in bfloat16 or float16 there");
+  FA_CHECK(family_setting(op) != "sm80", op, ": FA_KERNEL_FAMILY=sm80, but the Ampere family has no FP8 forward ",
+           "(float8_e4m3fn q, k and v run on the Hopper family)");
+  FA_CHECK(variant.softcap == 0, op, ": softcap is not supported with float8_e4m3fn q, k and v on CUDA");
+  FA_CHECK(s.head_dim_v == s.head_dim, op, ": with float8_e4m3fn q, k and v, v's head_dim ", str_of(s.head_dim_v),
+           " must be q's and k's ", str_of(s.head_dim), " on CUDA for now");
+  FA_CHECK(s.head_dim % 16 == 0, op, ": with float8_e4m3fn q, k and v on CUDA, head_dim must be a multiple of 16, got ",
+           str_of(s.head_dim));
+  const int best = smallest_at_least(build_config::kSm90Fp8HeadDims, s.head_dim);
+  FA_CHECK(best != 0, op, ": float8_e4m3fn q, k and v at head_dim ", str_of(s.head_dim),
+           " need a kernel for a head dim >= it; this build has them for head dims",
+           head_dims_text(build_config::kSm90Fp8HeadDims), " (FA_FP8_HEAD_DIMS; Hopper builds only)");
+  return best;
+}
+
+// The FP8 forward (float8_e4m3fn q, k and v; fa.forward and fa.forward_varlen) into o: v transposed
+// into a buffer of this call (ForwardParams::v), the descales, the launch (the caller has set what
+// a packed batch adds).
+void forward_fp8_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, const Tensor& k_in,
+                      const Tensor& v_in, const AttentionShape& s, float scale, const Variant& variant,
+                      const Fp8Args& fp8, const std::string& arch, const char* op) {
+  const int head_dim = fp8_forward_head_dim(s, variant, arch, op);
+  check_grid_limits(s, op);
+  const Tensor q = aligned_for_kernels(q_in);
+  const Tensor k = aligned_for_kernels(k_in);
+  const Tensor v = aligned_for_kernels(v_in);
+  fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
+  set_variant(p, variant, Direction::kForward);
+  const bool packed = p.cu_seqlens_q != nullptr;
+  // A varlen batch's sequences start at 16-byte aligned keys of the rows (sm90/transpose_v.h).
+  const int64_t keys = fp8_transposed_v_keys(packed ? p.total_k + 16 * s.batch : s.seqlen_k);
+  const Tensor vt = packed ? torch::stable::new_empty(v, {s.heads_kv, s.head_dim_v, keys})
+                           : torch::stable::new_empty(v, {s.batch, s.heads_kv, s.head_dim_v, keys});
+  p.v_rows = v.data_ptr();
+  p.v_rows_stride = strides_of(v);
+  p.v = vt.data_ptr();
+  p.v_stride = packed ? Strides{0, vt.stride(0), vt.stride(1)} : Strides{vt.stride(0), vt.stride(1), vt.stride(2)};
+  set_descale(fp8.q_descale, p.q_descale, p.q_descale_stride);
+  set_descale(fp8.k_descale, p.k_descale, p.k_descale_stride);
+  set_descale(fp8.v_descale, p.v_descale, p.v_descale_stride);
+  p.out_fp16 = fp8.out_dtype == ScalarType::Half;
+  const bool causal = variant.causal_kernels();
+  const cudaStream_t stream = current_stream(q);
+  const std::optional<Tensor> tile_counter = sm90_tile_counter(p, q, causal, stream, op);
+  cudaError_t err = cudaErrorInvalidValue;
+  switch (head_dim) {
+#define FA_FP8_FORWARD_CASE(D)                                                                                \
+  case D:                                                                                                     \
+    if constexpr (build_config::listed(build_config::kSm90Fp8HeadDims, D)) {                                  \
+      err = causal ? sm90::run_forward_fp8<D, true>(p, stream) : sm90::run_forward_fp8<D, false>(p, stream); \
+    }                                                                                                         \
+    break;
+    FA_FP8_FORWARD_CASE(64)
+    FA_FP8_FORWARD_CASE(128)
+    FA_FP8_FORWARD_CASE(256)
+#undef FA_FP8_FORWARD_CASE
+  }
+  if (err != cudaSuccess) raise_launch_error(err, q, op);
+}
+
 std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                         std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                        int64_t window_right, double softcap, std::optional<Tensor> sinks) {
+                                        int64_t window_right, double softcap, std::optional<Tensor> sinks,
+                                        std::optional<Tensor> q_descale, std::optional<Tensor> k_descale,
+                                        std::optional<Tensor> v_descale, std::optional<ScalarType> out_dtype) {
   constexpr const char* op = "fa.forward";
   const AttentionShape s = check_forward_inputs(q_in, k_in, v_in);
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
+  const Fp8Args fp8 = check_fp8_args(op, q_in, s, q_descale, k_descale, v_descale, out_dtype);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
   const std::string arch = check_device(q_in, op);
-  ForwardOutputs o = allocate_forward_outputs(q_in, s);
+  ForwardOutputs o = allocate_forward_outputs(q_in, s, fp8.out_dtype);
   if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
   ForwardParams p;
-  forward_any_head_dims(p, o, q_in, k_in, v_in, s, scale, variant, arch, op);
+  if (fp8.fp8) {
+    forward_fp8_into(p, o, q_in, k_in, v_in, s, scale, variant, fp8, arch, op);
+  } else {
+    forward_any_head_dims(p, o, q_in, k_in, v_in, s, scale, variant, arch, op);
+  }
   return {o.out, o.lse};
 }
 
@@ -480,21 +564,28 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor&
                                                int64_t max_seqlen_q, int64_t max_seqlen_k,
                                                std::optional<double> softmax_scale, bool causal,
                                                int64_t window_left, int64_t window_right, double softcap,
-                                               std::optional<Tensor> sinks) {
+                                               std::optional<Tensor> sinks, std::optional<Tensor> q_descale,
+                                               std::optional<Tensor> k_descale, std::optional<Tensor> v_descale,
+                                               std::optional<ScalarType> out_dtype) {
   constexpr const char* op = "fa.forward_varlen";
   const VarlenShape s = check_varlen_inputs(op, q_in, k_in, v_in, cu_seqlens_q_in, cu_seqlens_k_in,
                                             max_seqlen_q, max_seqlen_k);
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
+  const Fp8Args fp8 = check_fp8_args(op, q_in, s, q_descale, k_descale, v_descale, out_dtype);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
   const std::string arch = check_device(q_in, op);
-  ForwardOutputs o = allocate_varlen_outputs(q_in, s);
+  ForwardOutputs o = allocate_varlen_outputs(q_in, s, fp8.out_dtype);
   if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
   const Tensor cu_seqlens_q = dense_last_dim(cu_seqlens_q_in);
   const Tensor cu_seqlens_k = dense_last_dim(cu_seqlens_k_in);
   ForwardParams p;
   set_packed_batch(p, cu_seqlens_q, cu_seqlens_k, s);
-  forward_any_head_dims(p, o, q_in, k_in, v_in, s, scale, variant, arch, op);
+  if (fp8.fp8) {
+    forward_fp8_into(p, o, q_in, k_in, v_in, s, scale, variant, fp8, arch, op);
+  } else {
+    forward_any_head_dims(p, o, q_in, k_in, v_in, s, scale, variant, arch, op);
+  }
   return {o.out, o.lse};
 }
 
@@ -589,14 +680,8 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
   // kernels take the mask at run time (one instantiation serves all).
   cudaError_t err;
   if (s.fp8) {
-    auto descale = [](const std::optional<Tensor>& t, const float*& ptr, int64_t (&stride)[2]) {
-      if (!t) return;
-      ptr = static_cast<const float*>(t->data_ptr());
-      stride[0] = t->stride(0);
-      stride[1] = t->stride(1);
-    };
-    descale(k_descale, p.k_descale, p.k_descale_stride);
-    descale(v_descale, p.v_descale, p.v_descale_stride);
+    set_descale(k_descale, p.k_descale, p.k_descale_stride);
+    set_descale(v_descale, p.v_descale, p.v_descale_stride);
     err = dispatch_dtype(q.scalar_type(), op, [&](auto tag) -> cudaError_t {
       switch (fp8_head_dim) {
 #define FA_FP8_HEAD_DIM_CASE(D)                                                              \

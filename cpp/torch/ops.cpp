@@ -14,7 +14,9 @@ namespace {
            "fa.build_info() shows what this build contains.");
 }
 
-std::tuple<Tensor, Tensor> forward_cuda_not_built(Tensor, Tensor, Tensor, std::optional<double>, bool, int64_t, int64_t, double, std::optional<Tensor>) {
+std::tuple<Tensor, Tensor> forward_cuda_not_built(Tensor, Tensor, Tensor, std::optional<double>, bool, int64_t, int64_t, double, std::optional<Tensor>,
+                                                  std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>,
+                                                  std::optional<ScalarType>) {
   cuda_not_built("fa.forward");
 }
 
@@ -24,7 +26,9 @@ std::tuple<Tensor, Tensor, Tensor> backward_cuda_not_built(Tensor, Tensor, Tenso
 }
 
 std::tuple<Tensor, Tensor> forward_varlen_cuda_not_built(Tensor, Tensor, Tensor, Tensor, Tensor, int64_t, int64_t,
-                                                         std::optional<double>, bool, int64_t, int64_t, double, std::optional<Tensor>) {
+                                                         std::optional<double>, bool, int64_t, int64_t, double, std::optional<Tensor>,
+                                                         std::optional<Tensor>, std::optional<Tensor>, std::optional<Tensor>,
+                                                         std::optional<ScalarType>) {
   cuda_not_built("fa.forward_varlen");
 }
 
@@ -48,7 +52,8 @@ std::tuple<Tensor, Tensor, Tensor> backward_varlen_cuda_not_built(Tensor, Tensor
 STABLE_TORCH_LIBRARY(fa, m) {
   m.def(
       "forward(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False,"
-      " int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? sinks=None)"
+      " int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? sinks=None,"
+      " Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, ScalarType? out_dtype=None)"
       " -> (Tensor out, Tensor softmax_lse)");
   m.def(
       "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse,"
@@ -58,7 +63,8 @@ STABLE_TORCH_LIBRARY(fa, m) {
   m.def(
       "forward_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,"
       " int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, bool causal=False,"
-      " int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? sinks=None)"
+      " int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? sinks=None,"
+      " Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, ScalarType? out_dtype=None)"
       " -> (Tensor out, Tensor softmax_lse)");
   m.def(
       "forward_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens,"

@@ -9,20 +9,20 @@ namespace {
 // when t has heads inside sequence positions (a (B, S, H, D) tensor seen through .transpose(1, 2)),
 // so that out.transpose(1, 2).reshape(B, S, H·d) costs no copy. python/fa/_layout.py states the
 // same rule for the fake kernels.
-Tensor empty_like_attention(const Tensor& t, int64_t d = -1) {
+Tensor empty_like_attention(const Tensor& t, int64_t d = -1, std::optional<ScalarType> dtype = std::nullopt) {
   if (d < 0) d = t.size(3);
   const bool heads_inside_rows = t.size(1) > 1 && t.size(2) > 1 && t.stride(1) < t.stride(2);
   if (heads_inside_rows) {
-    const Tensor rows = torch::stable::new_empty(t, {t.size(0), t.size(2), t.size(1), d});
+    const Tensor rows = torch::stable::new_empty(t, {t.size(0), t.size(2), t.size(1), d}, dtype);
     return torch::stable::transpose(rows, 1, 2);
   }
-  return torch::stable::new_empty(t, {t.size(0), t.size(1), t.size(2), d});
+  return torch::stable::new_empty(t, {t.size(0), t.size(1), t.size(2), d}, dtype);
 }
 
 }  // namespace
 
-ForwardOutputs allocate_forward_outputs(const Tensor& q, const AttentionShape& s) {
-  return {empty_like_attention(q, s.head_dim_v),
+ForwardOutputs allocate_forward_outputs(const Tensor& q, const AttentionShape& s, std::optional<ScalarType> out_dtype) {
+  return {empty_like_attention(q, s.head_dim_v, out_dtype),
           torch::stable::new_empty(q, {s.batch, s.heads_q, s.seqlen_q}, ScalarType::Float)};
 }
 
@@ -30,8 +30,8 @@ Gradients allocate_gradients(const Tensor& q, const Tensor& k, const Tensor& v) 
   return {empty_like_attention(q), empty_like_attention(k), empty_like_attention(v)};
 }
 
-ForwardOutputs allocate_varlen_outputs(const Tensor& q, const VarlenShape& s) {
-  return {torch::stable::new_empty(q, {s.total_q, s.heads_q, s.head_dim_v}),
+ForwardOutputs allocate_varlen_outputs(const Tensor& q, const VarlenShape& s, std::optional<ScalarType> out_dtype) {
+  return {torch::stable::new_empty(q, {s.total_q, s.heads_q, s.head_dim_v}, out_dtype),
           torch::stable::new_empty(q, {s.heads_q, s.total_q}, ScalarType::Float)};
 }
 

@@ -7,7 +7,7 @@
 namespace fa::torch_binding {
 
 struct ForwardOutputs {
-  Tensor out;  // q's shape with v's head dim, q's dtype; dense (see empty_like_attention in outputs.cpp)
+  Tensor out;  // q's shape with v's head dim, q's dtype (or out_dtype); dense (see empty_like_attention in outputs.cpp)
   Tensor lse;  // (B, Hq, Sq) float32, contiguous
 };
 
@@ -15,12 +15,15 @@ struct Gradients {
   Tensor dq, dk, dv;  // shaped and laid out like q, k, v
 };
 
-ForwardOutputs allocate_forward_outputs(const Tensor& q, const AttentionShape& s);
+// out_dtype: the output's dtype where it is not q's (FP8 inputs: Fp8Args::out_dtype).
+ForwardOutputs allocate_forward_outputs(const Tensor& q, const AttentionShape& s,
+                                        std::optional<ScalarType> out_dtype = std::nullopt);
 Gradients allocate_gradients(const Tensor& q, const Tensor& k, const Tensor& v);
 
 // Variable-length batches: out (total_q, Hq, Dv) and the gradients contiguous whatever the inputs'
 // strides (a slice of a packed (total, 3, H, D) projection gives dense outputs), lse (Hq, total_q).
-ForwardOutputs allocate_varlen_outputs(const Tensor& q, const VarlenShape& s);
+ForwardOutputs allocate_varlen_outputs(const Tensor& q, const VarlenShape& s,
+                                       std::optional<ScalarType> out_dtype = std::nullopt);
 Gradients allocate_varlen_gradients(const Tensor& q, const Tensor& k, const Tensor& v);
 
 // A dense copy of t, contiguous in (B, H, S, D) order.

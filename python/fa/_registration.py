@@ -21,9 +21,10 @@ def _check_shapes(op: str, q, k, v, packed: bool = False) -> None:
     )
     half = q.dtype in (torch.float16, torch.bfloat16)
     torch._check(
-        (half or (q.dtype == torch.float32 and q.device.type == "cpu")) and k.dtype == q.dtype and v.dtype == q.dtype,
-        lambda: f"{op}: q, k and v must all be float16 or all bfloat16 (or all float32 on the CPU), got "
-        f"{q.dtype}, {k.dtype}, {v.dtype}",
+        (half or q.dtype == torch.float8_e4m3fn or (q.dtype == torch.float32 and q.device.type == "cpu"))
+        and k.dtype == q.dtype and v.dtype == q.dtype,
+        lambda: f"{op}: q, k and v must all be float16, all bfloat16 or all float8_e4m3fn (or all float32 on the "
+        f"CPU), got {q.dtype}, {k.dtype}, {v.dtype}",
     )
     torch._check(k.shape[:-1] == v.shape[:-1], lambda: f"{op}: k and v must have the same shape but for their head dims")
     if not packed:
@@ -47,12 +48,29 @@ def _check_variant(op: str, q, window_left, window_right, softcap, sinks=None, h
                      lambda: f"{op}: sinks must be 1-D (heads_q,) = ({heads_q},), got shape {tuple(sinks.shape)}")
 
 
+def _out_dtype(op: str, q, descales, out_dtype):
+    """The output's dtype: q's, or for float8_e4m3fn inputs out_dtype (bfloat16 by default)."""
+    fp8 = q.dtype == torch.float8_e4m3fn
+    for name, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
+        if descale is not None:
+            torch._check(fp8, lambda: f"{op}: {name} applies to float8_e4m3fn q, k and v")
+            torch._check(descale.dtype == torch.float32, lambda: f"{op}: {name}.dtype must be float32")
+    torch._check(out_dtype is None or fp8, lambda: f"{op}: out_dtype applies to float8_e4m3fn q, k and v")
+    if not fp8:
+        return q.dtype
+    dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    torch._check(dtype in (torch.bfloat16, torch.float16),
+                 lambda: f"{op}: out_dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+    return dtype
+
+
 @torch.library.register_fake("fa::forward")
 def _forward_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-                  sinks=None):
+                  sinks=None, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     _check_shapes("fa.forward", q, k, v)
     _check_variant("fa.forward", q, window_left, window_right, softcap, sinks, q.size(1))
-    out = empty_like_attention(q, head_dim=v.size(-1))
+    dtype = _out_dtype("fa.forward", q, (q_descale, k_descale, v_descale), out_dtype)
+    out = empty_like_attention(q, dtype=dtype, head_dim=v.size(-1))
     lse = q.new_empty((q.size(0), q.size(1), q.size(2)), dtype=torch.float32)
     return out, lse
 
@@ -76,10 +94,11 @@ def _check_varlen_shapes(op: str, q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
 @torch.library.register_fake("fa::forward_varlen")
 def _forward_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-                         sinks=None):
+                         sinks=None, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     _check_varlen_shapes("fa.forward_varlen", q, k, v, cu_seqlens_q, cu_seqlens_k)
     _check_variant("fa.forward_varlen", q, window_left, window_right, softcap, sinks, q.size(1))
-    return q.new_empty(_output_shape(q, v)), q.new_empty((q.size(1), q.size(0)), dtype=torch.float32)
+    dtype = _out_dtype("fa.forward_varlen", q, (q_descale, k_descale, v_descale), out_dtype)
+    return q.new_empty(_output_shape(q, v), dtype=dtype), q.new_empty((q.size(1), q.size(0)), dtype=torch.float32)
 
 
 @torch.library.register_fake("fa::backward_varlen")
@@ -124,6 +143,25 @@ def _forward_kvcache_fake(q, k_cache, v_cache, cache_seqlens, page_table=None, s
 # it has no value). Their own gradient is dsinks[h] = -Σ_rows P_sink · rowsum(dO ∘ O), with
 # P_sink = exp(sinks[h] - lse), summed here over the rows of head h.
 _VARIANT_ARGS = 4  # window_left, window_right, softcap, sinks: after causal in every forward op
+# The ops' arguments: fa.attention's and fa.attention_varlen's autograd.Functions pass the backward's
+# `deterministic` after them.
+_FORWARD_ARGS = 13
+_VARLEN_ARGS = 17
+_SINKS_INPUT = 8  # sinks' position among fa.forward's arguments (varlen: + 4)
+
+
+def _check_differentiable(op: str, q) -> None:
+    if q.dtype == torch.float8_e4m3fn:
+        raise RuntimeError(f"{op}: float8_e4m3fn q, k and v have no backward (the FP8 forward serves inference); "
+                           "train in bfloat16 or float16")
+
+
+def _input_grads(ctx, dq, dk, dv, dsinks, sinks_input: int):
+    """The gradients of the op's inputs (and of the autograd.Function's `deterministic`)."""
+    grads = [None] * ctx.num_inputs
+    grads[:3] = dq, dk, dv
+    grads[sinks_input] = dsinks
+    return tuple(grads)
 
 
 def _deterministic(requested) -> bool:
@@ -159,13 +197,14 @@ def _deterministic_of(ctx) -> bool:
 
 def _setup_context(ctx, inputs, output):
     q, k, v, softmax_scale, causal = inputs[:5]
+    _check_differentiable("fa.forward", q)
     window_left, window_right, softcap, sinks = (tuple(inputs[5:9]) + (-1, -1, 0.0, None))[:_VARIANT_ARGS]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, sinks)
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.variant = (window_left, window_right, softcap)
-    ctx.deterministic = inputs[9] if len(inputs) > 9 else None
+    ctx.deterministic = inputs[_FORWARD_ARGS] if len(inputs) > _FORWARD_ARGS else None
     ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
@@ -181,9 +220,9 @@ def _backward(ctx, grad_out, grad_lse):
     dq, dk, dv = torch.ops.fa.backward.default(grad_out, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
                                                *ctx.variant, _deterministic_of(ctx))
     dsinks = None
-    if sinks is not None and ctx.needs_input_grad[8]:
+    if sinks is not None and ctx.needs_input_grad[_SINKS_INPUT]:
         dsinks = _sink_grad(sinks, grad_out, out, lse, 1)
-    return (dq, dk, dv, None, None, None, None, None, dsinks, None)[:ctx.num_inputs]
+    return _input_grads(ctx, dq, dk, dv, dsinks, _SINKS_INPUT)
 
 
 torch.library.register_autograd("fa::forward", _backward, setup_context=_setup_context)
@@ -191,6 +230,7 @@ torch.library.register_autograd("fa::forward", _backward, setup_context=_setup_c
 
 def _setup_varlen_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal = inputs[:9]
+    _check_differentiable("fa.forward_varlen", q)
     window_left, window_right, softcap, sinks = (tuple(inputs[9:13]) + (-1, -1, 0.0, None))[:_VARIANT_ARGS]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks)
@@ -198,7 +238,7 @@ def _setup_varlen_context(ctx, inputs, output):
     ctx.softmax_scale = softmax_scale
     ctx.causal = causal
     ctx.variant = (window_left, window_right, softcap)
-    ctx.deterministic = inputs[13] if len(inputs) > 13 else None
+    ctx.deterministic = inputs[_VARLEN_ARGS] if len(inputs) > _VARLEN_ARGS else None
     ctx.num_inputs = len(inputs)
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
@@ -215,10 +255,10 @@ def _varlen_backward(ctx, grad_out, grad_lse):
         *ctx.variant, _deterministic_of(ctx)
     )
     dsinks = None
-    if sinks is not None and ctx.needs_input_grad[12]:
+    if sinks is not None and ctx.needs_input_grad[_SINKS_INPUT + 4]:
         valid = torch.arange(lse.size(1), device=lse.device) < cu_seqlens_q[-1]
         dsinks = _sink_grad(sinks, grad_out, out, lse, 0, valid)
-    return (dq, dk, dv, None, None, None, None, None, None, None, None, None, dsinks, None)[:ctx.num_inputs]
+    return _input_grads(ctx, dq, dk, dv, dsinks, _SINKS_INPUT + 4)
 
 
 torch.library.register_autograd("fa::forward_varlen", _varlen_backward, setup_context=_setup_varlen_context)

@@ -11,6 +11,13 @@ def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _check_fp8_grad(op: str, q: torch.Tensor, *tensors: Optional[torch.Tensor]) -> None:
+    """FP8 inputs run the forward alone: asking for gradients is an error, not a silent detach."""
+    if q.dtype == torch.float8_e4m3fn and _needs_grad(q, *tensors):
+        raise RuntimeError(f"{op}: float8_e4m3fn q, k and v have no backward (the FP8 forward serves inference); "
+                           "train in bfloat16 or float16, or call it under torch.no_grad()")
+
+
 def _window(window_size) -> Tuple[int, int]:
     """window_size as the ops take it: two ints, -1 for an unbounded side."""
     try:
@@ -27,8 +34,10 @@ def _window(window_size) -> Tuple[int, int]:
 # `deterministic`, is the backward's alone.
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(q, k, v, scale, causal, window_left, window_right, softcap, sinks, deterministic):
-        return torch.ops.fa.forward.default(q, k, v, scale, causal, window_left, window_right, softcap, sinks)
+    def forward(q, k, v, scale, causal, window_left, window_right, softcap, sinks, q_descale, k_descale, v_descale,
+                out_dtype, deterministic):
+        return torch.ops.fa.forward.default(q, k, v, scale, causal, window_left, window_right, softcap, sinks,
+                                            q_descale, k_descale, v_descale, out_dtype)
 
     setup_context = staticmethod(_setup_context)
     backward = staticmethod(_backward)
@@ -37,10 +46,10 @@ class _Attention(torch.autograd.Function):
 class _AttentionVarlen(torch.autograd.Function):
     @staticmethod
     def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, window_left,
-                window_right, softcap, sinks, deterministic):
+                window_right, softcap, sinks, q_descale, k_descale, v_descale, out_dtype, deterministic):
         return torch.ops.fa.forward_varlen.default(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, window_left,
-            window_right, softcap, sinks
+            window_right, softcap, sinks, q_descale, k_descale, v_descale, out_dtype
         )
 
     setup_context = staticmethod(_setup_varlen_context)
@@ -58,6 +67,10 @@ def attention(
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
     deterministic: bool = False,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact attention ``softmax(q @ k.transpose(-2, -1) * scale) @ v``, differentiable.
@@ -95,14 +108,25 @@ def attention(
             sums added in a fixed order; on CUDA slower, docs/performance.md). The forward always
             is. ``torch.use_deterministic_algorithms(True)`` or ``FA_DETERMINISTIC=1`` in the
             environment (read at each call) turns it on for every call.
+        q_descale, k_descale, v_descale: with ``torch.float8_e4m3fn`` q, k and v (all three; the
+            FP8 forward, inference only: asking for gradients raises): float32 ``(B, Hk)``, the
+            factor each (batch entry, kv head)'s queries / keys / values are multiplied by
+            (FlashAttention-3's names and layout; ``None`` is 1). The scores are
+            ``(q · q_descale) · (k · k_descale)``, the output ``P (v · v_descale)``. On CUDA the
+            Hopper family alone runs it (sm_90a), at head dims that are multiples of 16 with
+            kernels in ``fa.build_info()["fp8_head_dims"]``, without soft-capping and with one
+            head dim for q, k and v; the CPU path has none of these limits.
+        out_dtype: FP8 inputs' output dtype, ``torch.bfloat16`` (default) or ``torch.float16``.
         return_lse: also return the log-sum-exp of each row's scaled scores.
 
     Returns:
-        ``out`` with q's shape (and v's head dim) and dtype, or ``(out, lse)`` with ``lse`` of
-        shape ``(B, Hq, Sq)``, float32, natural log (``-inf`` for a row that sees no key). ``lse``
-        is not differentiable.
+        ``out`` with q's shape (and v's head dim) and dtype (FP8 inputs: ``out_dtype``), or
+        ``(out, lse)`` with ``lse`` of shape ``(B, Hq, Sq)``, float32, natural log (``-inf`` for a
+        row that sees no key). ``lse`` is not differentiable.
     """
-    args = (q, k, v, scale, causal, *_window(window_size), float(softcap), sinks)
+    args = (q, k, v, scale, causal, *_window(window_size), float(softcap), sinks, q_descale, k_descale, v_descale,
+            out_dtype)
+    _check_fp8_grad("fa.attention", q, k, v, sinks)
     if _needs_grad(q, k, v, sinks):
         out, lse = _Attention.apply(*args, _deterministic(deterministic))
     else:
@@ -125,6 +149,10 @@ def attention_varlen(
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
     deterministic: bool = False,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
     return_lse: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Exact attention over a batch of sequences of different lengths, packed without padding;
@@ -145,6 +173,8 @@ def attention_varlen(
         scale: the softmax scale; ``1 / sqrt(D)`` when None.
         window_size, softcap, sinks: as in :func:`attention`, within each sequence.
         deterministic: as in :func:`attention`.
+        q_descale, k_descale, v_descale, out_dtype: float8_e4m3fn q, k and v, as in
+            :func:`attention` (descales ``(B, Hk)``, B the number of sequences).
         return_lse: also return the log-sum-exp of each row, ``(Hq, total_q)`` float32.
 
     On CUDA the values of ``cu_seqlens_*`` are not checked (that would synchronise): offsets that
@@ -156,7 +186,8 @@ def attention_varlen(
         ``out`` ``(total_q, Hq, Dv)`` (contiguous), or ``(out, lse)``.
     """
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
-            *_window(window_size), float(softcap), sinks)
+            *_window(window_size), float(softcap), sinks, q_descale, k_descale, v_descale, out_dtype)
+    _check_fp8_grad("fa.attention_varlen", q, k, v, sinks)
     if _needs_grad(q, k, v, sinks):
         out, lse = _AttentionVarlen.apply(*args, _deterministic(deterministic))
     else:

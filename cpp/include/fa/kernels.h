@@ -33,6 +33,10 @@ constexpr int decode_block_m(long long rows) { return rows <= 16 ? 16 : rows <= 
 // head dim head_dim: only the key-splitting decode kernel reads FP8 caches (sm80/kvcache_launch.h).
 constexpr int fp8_kvcache_max_rows(int head_dim) { return head_dim <= 128 ? 32 : 16; }
 
+// Keys a row of the FP8 forward's transposed V holds for `keys` keys (ForwardParams::v): a
+// multiple of 16, so that every row starts 16-byte aligned as TMA needs.
+constexpr long long fp8_transposed_v_keys(long long keys) { return (keys + 15) / 16 * 16; }
+
 namespace sm80 {
 
 // Ampere family (mma.sync, cp.async, ldmatrix): sm80 and newer.
@@ -65,6 +69,11 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
 // the pairs of FA_HEAD_DIM_PAIRS (DeepSeek's 192/128).
 template <class ElementTag, int kHeadDim, int kHeadDimV, bool kCausal, bool kSoftcap>
 cudaError_t run_forward_dv(const ForwardParams& params, cudaStream_t stream);
+
+// The FP8 forward: float8_e4m3fn q, k and v (params.v_rows), descales (params.q_descale, ...),
+// output bf16 or fp16 (params.out_fp16); it first writes v transposed into params.v.
+template <int kHeadDim, bool kCausal>
+cudaError_t run_forward_fp8(const ForwardParams& params, cudaStream_t stream);
 
 // Native head dims 64 and 128; params.lse_log2 must be set, and the dQ workspace is laid out in
 // the kernel's own tile order (sm90/bwd_config.h), not row-major.

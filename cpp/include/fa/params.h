@@ -97,10 +97,22 @@ struct ForwardParams {
   // An FP8 KV cache (fa.forward_kvcache with float8_e4m3fn k and v; the Ampere family's decode
   // kernel): the factors each (batch entry, kv head)'s keys and values are multiplied by, float32
   // (B, Hk) at these element strides (batch, head), else null (1).
+  // The FP8 forward (sm90::run_forward_fp8: float8_e4m3fn q, k, v) reads these too, and q_descale
+  // likewise: scores are (q · q_descale) · (k · k_descale), the output P (v · v_descale).
   const float* k_descale = nullptr;
   const float* v_descale = nullptr;
   int64_t k_descale_stride[2] = {0, 0};
   int64_t v_descale_stride[2] = {0, 0};
+  const float* q_descale = nullptr;
+  int64_t q_descale_stride[2] = {0, 0};
+  // The FP8 forward: v transposed, (B, Hk, Dv, keys) with the keys contiguous (v_stride: batch,
+  // head, and `row` the stride between head-dim rows: the keys a row holds, a multiple of 16), written by
+  // run_forward_fp8 from v_rows (v's own layout, at v_rows_stride) into the buffer at v, which the
+  // caller allocates (fp8_transposed_v_keys(seqlen_k, or for a varlen batch total_k + 16 · batch)
+  // keys a row; sm90/transpose_v.h). The output (out) is float16 where out_fp16, else bfloat16.
+  const void* v_rows = nullptr;
+  Strides v_rows_stride;
+  bool out_fp16 = false;
 };
 
 // Gradients of the forward above. The forward's pointers are read again (out as dO's partner).
