@@ -31,12 +31,13 @@ import torch
 
 import decode_suite
 import dense_suite
+import fp8_suite
 import variants_suite
 import varlen_suite
 from timing import (DEFAULT_SETTLE_MS, FA_FAMILIES, WARMUP_MS, environment, finish_run, header, open_sampler,
                     report_mismatches, split_impl)
 
-SUITES = ["quick", "full", "varlen", "decode", "variants"]
+SUITES = ["quick", "full", "varlen", "decode", "variants", "fp8"]
 QUICK_DECODE_CASE = decode_suite.DecodeCase(32, 32, 8, 1, 128, 8192)
 QUICK_DECODE_IMPLS = ["fa", "fa3", "cudnn", "flash"]
 
@@ -46,7 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--suite", choices=SUITES, default=None,
                    help="quick (the default): the short table above; full: every dense shape (--shapes, "
                         "--sweep imply it); varlen: benchmarks/varlen_suite.py; decode: benchmarks/decode_suite.py; "
-                        "variants: benchmarks/variants_suite.py")
+                        "variants: benchmarks/variants_suite.py; fp8: benchmarks/fp8_suite.py")
     p.add_argument("--shapes", type=dense_suite.parse_shapes, default=None,
                    help="'B,H,S,D;B,H,S,D' ('/' between shapes also works); default: the full suite's "
                         f"{dense_suite.DEFAULT_SHAPES}")
@@ -90,7 +91,7 @@ def parse_args(argv=None):
     known, default = {"varlen": (varlen_suite.VARLEN_IMPLS + varlen_suite.DETERMINISTIC_IMPLS,
                                  varlen_suite.VARLEN_IMPLS), "decode": (decode_suite.DECODE_IMPLS,) * 2,
                       "quick": (dense_suite.ALL_IMPLS, dense_suite.QUICK_IMPLS),
-                      "variants": (variants_suite.VARIANT_IMPLS,) * 2}.get(
+                      "variants": (variants_suite.VARIANT_IMPLS,) * 2, "fp8": (fp8_suite.FP8_IMPLS,) * 2}.get(
         args.suite, (dense_suite.ALL_IMPLS, dense_suite.DEFAULT_IMPLS))
     args.impl = [i for i in (args.impl or ",".join(default)).split(",") if i]
     try:
@@ -157,7 +158,7 @@ def main(argv=None) -> int:
     meta = environment()
     meta["suite"] = args.suite
     return {"quick": main_quick, "full": main_full, "varlen": main_varlen, "decode": main_decode,
-            "variants": main_variants}[args.suite](args, meta)
+            "variants": main_variants, "fp8": main_fp8}[args.suite](args, meta)
 
 
 def main_quick(args, meta) -> int:
@@ -267,6 +268,20 @@ def main_decode(args, meta) -> int:
           "copy bandwidth above.")
     return finish_run(args, time.strftime("decode-%Y%m%d-%H%M%S"),
                       {"meta": meta, "copy_bytes_per_s": bandwidth, "results": rows}, mismatches)
+
+
+def main_fp8(args, meta) -> int:
+    print(header(meta), flush=True)
+    print(f"# fp8: each case's implementations in {args.rounds} rounds (the order rotating), each timing after "
+          f"{args.settle:g} ms of bf16 GEMMs; the median round", flush=True)
+    rows, error_rows = fp8_suite.run_fp8_suite(args.impl, rounds=args.rounds, settle_ms=args.settle)
+    print(fp8_suite.fp8_table(rows, error_rows))
+    print("\nTFLOP/s = 4·B·Hq·S²·D / time (causal: halved); fa-fp8, fa3-fp8: float8_e4m3fn q, k, v with "
+          "per-(batch, kv head) descales, bf16 out (fa-fp8's time includes its transpose of V); fa, fa3, cuDNN: bf16.")
+    mismatches = [f"fp8 {r['descales']} descales: {r['impl']} error {r['error']:.2e} vs float64 above 5e-2"
+                  for r in error_rows if split_impl(r["impl"])[0] == "fa-fp8" and not (r["error"] is not None and r["error"] <= 5e-2)]
+    return finish_run(args, time.strftime("fp8-%Y%m%d-%H%M%S"),
+                      {"meta": meta, "results": rows, "errors": error_rows}, mismatches)
 
 
 def main_variants(args, meta) -> int:

@@ -1,5 +1,5 @@
 """Small odd-length cases for compute-sanitizer (memcheck, racecheck, synccheck), in parts;
-`python sanitize_case.py [dense] [varlen] [kvcache] [fp8kv] [variants] [deterministic] [headdimv] [--dims=D,...] [--family=sm80|sm90]` runs the
+`python sanitize_case.py [dense] [varlen] [kvcache] [fp8kv] [fp8] [variants] [deterministic] [headdimv] [--dims=D,...] [--family=sm80|sm90]` runs the
 parts named (all without arguments; `forward` is dense's forward calls alone, for a change that
 touches only the forward kernels; --dims keeps dense's cases of those head dims; --family=sm90 runs
 dense's and varlen's cases on that kernel family alone, e.g. for racecheck, whose pass over every
@@ -33,6 +33,10 @@ fp8kv: fa.attention_kvcache with float8_e4m3fn caches and descales, fp16 and bf1
 FP8 head dims built (FA_FP8_KV_HEAD_DIMS), contiguous and paged (16, 256), both FP8 tiles (4 and 32
 packed rows), one split and several, a window with sinks and soft-capping, and the 32-row tile as a
 GPU with 99 KB would run 16 rows on it.
+fp8: the FP8 forward (float8_e4m3fn q, k, v; the Hopper family, skipped elsewhere), at the head dims
+built (FA_FP8_HEAD_DIMS) and below them (a zero-padded head dim): causal and not, descales and
+none, odd lengths with Sq != Sk, GQA, rows that see no key, a window with sinks, more query tiles
+than SMs, fp16 output, and varlen with empty sequences.
 variants: sliding windows with sinks (window_size, sinks), half of them soft-capped (softcap), on the
 dense forward and backward of each head dim and family (left bounds inside a key tile and over
 several, right bounds, windows that leave rows no key, soft-capping without bounds), varlen, and
@@ -60,7 +64,7 @@ family_args = [a[len("--family="):] for a in sys.argv[1:] if a.startswith("--fam
 unknown = [a for a in sys.argv[1:] if a.startswith("--") and not a.startswith(("--dims=", "--family="))]
 if unknown:
     sys.exit(f"unknown option {unknown[0]}: the options are --dims=D,... and --family=sm80|sm90")
-parts = [a for a in sys.argv[1:] if not a.startswith("--")] or ["dense", "varlen", "kvcache", "fp8kv", "variants",
+parts = [a for a in sys.argv[1:] if not a.startswith("--")] or ["dense", "varlen", "kvcache", "fp8kv", "fp8", "variants",
                                                                  "deterministic", "headdimv"]
 families = fa.build_info()["device_kernel_families"]
 if family_args:
@@ -223,6 +227,31 @@ def deterministic():
         print(f"sanitize case done: deterministic, {family}")
 
 
+def fp8():
+    if "sm90" not in families or not fa.build_info()["fp8_head_dims"]:
+        print("sanitize case skipped: fp8 (no Hopper FP8 forward here)")
+        return
+    e4m3 = torch.float8_e4m3fn
+    rand8 = lambda *shape: torch.randn(*shape, device="cuda").to(e4m3)  # noqa: E731
+    for d in sorted({x for x in fa.build_info()["fp8_head_dims"]} | {64}):
+        for (b, hq, hk, sq, sk) in ((1, 4, 2, 77, 133), (2, 2, 2, 300, 90), (4, 32, 8, 700, 1100)):
+            descales = [torch.rand(b, hk, device="cuda") + 0.5 for _ in range(3)]
+            q, k, v = rand8(b, hq, sq, d), rand8(b, hk, sk, d), rand8(b, hk, sk, d)
+            for causal, window, sinks in ((False, (-1, -1), None), (True, (-1, 0), None),
+                                          (False, (100, 30), torch.randn(hq, device="cuda"))):
+                fa.attention(q, k, v, causal=causal, window_size=window, sinks=sinks, q_descale=descales[0],
+                             k_descale=descales[1], v_descale=descales[2])
+            fa.attention(q, k, v, causal=True, out_dtype=torch.float16)
+    lengths_q, lengths_k = [0, 77, 1, 130, 200, 3], [61, 0, 133, 130, 5, 300]
+    cu_q = torch.tensor([0] + lengths_q, device="cuda").cumsum(0).int()
+    cu_k = torch.tensor([0] + lengths_k, device="cuda").cumsum(0).int()
+    q, k, v = rand8(sum(lengths_q), 4, 128), rand8(sum(lengths_k), 2, 128), rand8(sum(lengths_k), 2, 128)
+    for causal in (False, True):
+        fa.attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal,
+                            k_descale=torch.rand(6, 2, device="cuda") + 0.5)
+    print("sanitize case done: fp8, sm90")
+
+
 def headdimv():
     if "sm90" not in families or not fa.build_info()["sm90_head_dim_pairs"]:
         print("sanitize case skipped: headdimv (no Hopper pair kernels here)")
@@ -246,6 +275,6 @@ def headdimv():
 
 
 for part in parts:
-    {"dense": dense, "forward": lambda: dense(backward=False), "varlen": varlen, "kvcache": kvcache, "fp8kv": fp8kv,
+    {"dense": dense, "forward": lambda: dense(backward=False), "varlen": varlen, "kvcache": kvcache, "fp8kv": fp8kv, "fp8": fp8,
      "variants": variants, "deterministic": deterministic, "headdimv": headdimv}[part]()
 torch.cuda.synchronize()
