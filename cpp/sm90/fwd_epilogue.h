@@ -1,7 +1,8 @@
 // The epilogue of the Hopper-family forward: the output tile and the row log-sum-exps.
 //
 // lse goes from registers straight to global memory (one lane per row). O is converted to
-// fp16/bf16 (the FP8 forward's too), written to shared memory with stmatrix in the layout the TMA reads, and stored by TMA
+// fp16/bf16 (the FP8 forward's too), written to shared memory with stmatrix in the layout the TMA
+// reads, and stored by TMA
 // (rows past the query's end and columns past the head dim are clipped by the copy engine); in a
 // variable-length batch, where the rows past a sequence's end belong to the next sequence, by the
 // warpgroup's threads with 16-byte writes. Each

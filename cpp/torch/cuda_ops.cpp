@@ -123,6 +123,21 @@ int family_head_dim(Family family, int64_t head_dim, Direction direction = Direc
                                           : smallest_at_least(kSm90BackwardHeadDims, head_dim);
 }
 
+// The kernel head dim of an FP8 call (`what`: its FP8 tensors) from the build's list `head_dims`
+// (the CMake option `option`): the smallest holding head_dim, a multiple of 16 (whole 16-byte
+// vectors of bytes); a clear error where none does.
+template <std::size_t N>
+int fp8_kernel_head_dim(const int (&head_dims)[N], int64_t head_dim, const char* what, const char* option,
+                        const char* op) {
+  FA_CHECK(head_dim % 16 == 0, op, ": with ", what, " on CUDA, head_dim must be a multiple of 16, got ",
+           str_of(head_dim));
+  const int best = smallest_at_least(head_dims, head_dim);
+  FA_CHECK(best != 0, op, ": ", what, " at head_dim ", str_of(head_dim),
+           " need a kernel for a head dim >= it; this build has them for head dims", head_dims_text(head_dims), " (",
+           option, ")");
+  return best;
+}
+
 // The Ampere family's head dim for a call; the binding's checks admit any head dim up to 256, so
 // this fails only for a build with fewer head dims (FA_HEAD_DIMS).
 int kernel_head_dim(int64_t head_dim, const char* op) {
@@ -432,18 +447,28 @@ void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kerne
   if (err != cudaSuccess) raise_launch_error(err, q, op);
 }
 
-// The forward of q, k, v (of shape s) into o on the current device with `kernels`: the inputs made
-// fit for the kernels, the rest of p (the caller has set what a packed batch adds).
+// A forward's inputs made fit for the kernels (aligned_for_kernels), and p filled from them, the
+// outputs o and the variant (the caller has set what a packed batch adds).
+struct KernelInputs {
+  Tensor q, k, v;
+};
+
+KernelInputs prepare_forward(ForwardParams& p, const ForwardOutputs& o, const Tensor& q_in, const Tensor& k_in,
+                             const Tensor& v_in, const AttentionShape& s, float scale, const Variant& variant,
+                             const char* op) {
+  check_grid_limits(s, op);
+  KernelInputs in{aligned_for_kernels(q_in), aligned_for_kernels(k_in), aligned_for_kernels(v_in)};
+  fill_forward_params(p, in.q, in.k, in.v, o.out, o.lse, s, scale);
+  set_variant(p, variant, Direction::kForward);
+  return in;
+}
+
+// The forward of q, k, v (of shape s) into o on the current device with `kernels`.
 void forward_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, const Tensor& k_in,
                   const Tensor& v_in, const AttentionShape& s, float scale, const Variant& variant,
                   const Kernels& kernels, const char* op) {
-  check_grid_limits(s, op);
-  const Tensor q = aligned_for_kernels(q_in);
-  const Tensor k = aligned_for_kernels(k_in);
-  const Tensor v = aligned_for_kernels(v_in);
-  fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
-  set_variant(p, variant, Direction::kForward);
-  run_forward_kernels(p, q, kernels, variant.causal_kernels(), op);
+  const KernelInputs in = prepare_forward(p, o, q_in, k_in, v_in, s, scale, variant, op);
+  run_forward_kernels(p, in.q, kernels, variant.causal_kernels(), op);
 }
 
 // forward_into with the kernels of the family chosen; for v's head dim apart from q's and k's, the
@@ -482,13 +507,8 @@ int fp8_forward_head_dim(const AttentionShape& s, const Variant& variant, const 
   FA_CHECK(variant.softcap == 0, op, ": softcap is not supported with float8_e4m3fn q, k and v on CUDA");
   FA_CHECK(s.head_dim_v == s.head_dim, op, ": with float8_e4m3fn q, k and v, v's head_dim ", str_of(s.head_dim_v),
            " must be q's and k's ", str_of(s.head_dim), " on CUDA for now");
-  FA_CHECK(s.head_dim % 16 == 0, op, ": with float8_e4m3fn q, k and v on CUDA, head_dim must be a multiple of 16, got ",
-           str_of(s.head_dim));
-  const int best = smallest_at_least(build_config::kSm90Fp8HeadDims, s.head_dim);
-  FA_CHECK(best != 0, op, ": float8_e4m3fn q, k and v at head_dim ", str_of(s.head_dim),
-           " need a kernel for a head dim >= it; this build has them for head dims",
-           head_dims_text(build_config::kSm90Fp8HeadDims), " (FA_FP8_HEAD_DIMS; Hopper builds only)");
-  return best;
+  return fp8_kernel_head_dim(build_config::kSm90Fp8HeadDims, s.head_dim, "float8_e4m3fn q, k and v",
+                             "FA_FP8_HEAD_DIMS; Hopper builds only", op);
 }
 
 // The FP8 forward (float8_e4m3fn q, k and v; fa.forward and fa.forward_varlen) into o: v transposed
@@ -498,12 +518,9 @@ void forward_fp8_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, c
                       const Tensor& v_in, const AttentionShape& s, float scale, const Variant& variant,
                       const Fp8Args& fp8, const std::string& arch, const char* op) {
   const int head_dim = fp8_forward_head_dim(s, variant, arch, op);
-  check_grid_limits(s, op);
-  const Tensor q = aligned_for_kernels(q_in);
-  const Tensor k = aligned_for_kernels(k_in);
-  const Tensor v = aligned_for_kernels(v_in);
-  fill_forward_params(p, q, k, v, o.out, o.lse, s, scale);
-  set_variant(p, variant, Direction::kForward);
+  const KernelInputs in = prepare_forward(p, o, q_in, k_in, v_in, s, scale, variant, op);
+  const Tensor& q = in.q;
+  const Tensor& v = in.v;
   const bool packed = p.cu_seqlens_q != nullptr;
   // A varlen batch's sequences start at 16-byte aligned keys of the rows (sm90/transpose_v.h).
   const int64_t keys = fp8_transposed_v_keys(packed ? p.total_k + 16 * s.batch : s.seqlen_k);
@@ -609,12 +626,8 @@ int64_t default_splits(const KVCacheShape& s, const Variant& v, const Tensor& q)
 // the checks only those kernels need: a head dim in whole 16-byte vectors of bytes, and at most
 // fp8_kvcache_max_rows query rows a kv head.
 int fp8_kvcache_head_dim(const KVCacheShape& s, const char* op) {
-  FA_CHECK(s.head_dim % 16 == 0, op, ": with float8_e4m3fn caches on CUDA, head_dim must be a multiple of 16, got ",
-           str_of(s.head_dim));
-  const int best = smallest_at_least(build_config::kSm80Fp8KvHeadDims, s.head_dim);
-  FA_CHECK(best != 0, op, ": float8_e4m3fn caches at head_dim ", str_of(s.head_dim),
-           " need a kernel for a head dim >= it; this build has them for head dims",
-           head_dims_text(build_config::kSm80Fp8KvHeadDims), " (FA_FP8_KV_HEAD_DIMS)");
+  const int best = fp8_kernel_head_dim(build_config::kSm80Fp8KvHeadDims, s.head_dim, "float8_e4m3fn caches",
+                                       "FA_FP8_KV_HEAD_DIMS", op);
   const int64_t rows = s.group_size() * s.seqlen_q;
   FA_CHECK(rows <= fp8_kvcache_max_rows(best), op, ": with float8_e4m3fn caches, a kv head's query rows ",
            "(heads_q / heads_kv · seqlen_q) may be at most ", str_of(int64_t(fp8_kvcache_max_rows(best))),
