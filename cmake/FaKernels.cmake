@@ -41,11 +41,11 @@
 # kernels for float8_e4m3fn caches (entry run_forward_kvcache_fp8, units
 # sm80_kvcache_fp8_hdim<D>_<dtype>, every arch of FA_CUDA_ARCHS); a smaller head dim runs on the
 # next one.
-# FA_FP8_HEAD_DIMS (of FA_HEAD_DIMS; 128, the one head dim measured so far): the Hopper forward's kernels for float8_e4m3fn
+# FA_FP8_HEAD_DIMS (of FA_HEAD_DIMS; 64 and 128, by default 128): the Hopper forward's kernels for float8_e4m3fn
 # q, k and v (entry run_forward_fp8, causal off and on, units sm90_fwd_fp8_hdim<D>[_causal]; the
 # output's dtype is chosen at run time), only where FA_CUDA_ARCHS has 90a.
 set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
-set(FA_FP8_SUPPORTED_HEAD_DIMS 128)
+set(FA_FP8_SUPPORTED_HEAD_DIMS 64 128)
 set(FA_FP8_KV_SUPPORTED_HEAD_DIMS 64 128 256)
 # The Hopper family's native head dims, forward and backward.
 set(FA_SM90_NATIVE_HEAD_DIMS 64 128 256)
