@@ -219,3 +219,16 @@ def test_fp8_opcheck(device):
     torch.library.opcheck(torch.ops.fa.forward_varlen.default,
                           (packed(q), packed(k), packed(v), cu_q, cu_k, 33, 40, None, False, -1, -1, 0.0, None,
                            qd, kd, vd, None), test_utils=tests)
+
+
+def test_fp8_compile_fullgraph(device):
+    """fa.attention with FP8 inputs, descales and out_dtype compiles without graph breaks and gives the
+    eager call's output bit for bit."""
+    skip_unless_fp8_built(128, device)
+    q, k, v, qd, kd, vd, *_ = make_inputs(1, 4, 2, 33, 40, 128, device)
+
+    def call(q, k, v, qd, kd, vd):
+        return fa.attention(q, k, v, causal=True, q_descale=qd, k_descale=kd, v_descale=vd, out_dtype=torch.float16)
+
+    compiled = torch.compile(call, fullgraph=True)
+    assert torch.equal(compiled(q, k, v, qd, kd, vd), call(q, k, v, qd, kd, vd))
