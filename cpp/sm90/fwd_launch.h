@@ -75,25 +75,28 @@ template <> struct LongKeyTile<128, false> {
 template <class Element, int kHeadDim, class Tile>
 using ForwardConfigOf = ForwardConfig<Element, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kStages>;
 
-// A (B, H, S, D) tensor as TMA sees it: (S, D, H, B), D contiguous. A mode of extent 1 is never
-// stepped along, so its stride (which the caller may leave at any value) is replaced by one TMA
-// accepts (a multiple of 16 bytes).
+// A mode of extent 1 is never stepped along, so its stride (which the caller may leave at any value)
+// is replaced by one TMA accepts: 16 bytes, in elements.
+template <class Element>
+int64_t tma_stride(int64_t stride, int extent) {
+  return extent > 1 ? stride : int64_t(16 / sizeof(Element));
+}
+
+// A (B, H, S, D) tensor as TMA sees it: (S, D, H, B), D contiguous.
 template <class Element, class Pointer>
 auto tma_view(Pointer ptr, Strides s, int seqlen, int head_dim, int heads, int batch) {
   using namespace cute;
-  auto usable = [](int64_t stride, int extent) { return extent > 1 ? stride : int64_t(16 / sizeof(Element)); };
   return make_tensor(make_gmem_ptr(ptr), make_shape(seqlen, head_dim, heads, batch),
-                     make_stride(usable(s.row, seqlen), _1{}, usable(s.head, heads),
-                                 usable(s.batch, batch)));
+                     make_stride(tma_stride<Element>(s.row, seqlen), _1{}, tma_stride<Element>(s.head, heads),
+                                 tma_stride<Element>(s.batch, batch)));
 }
 
 // The FP8 forward's transposed V, (B, H, D, S) with S contiguous, as TMA sees it: (D, S, H, B).
-template <class Pointer>
+template <class Element, class Pointer>
 auto transposed_tma_view(Pointer ptr, Strides s, int head_dim, int keys, int heads, int batch) {
   using namespace cute;
-  auto usable = [](int64_t stride, int extent) { return extent > 1 ? stride : int64_t(16); };
   return make_tensor(make_gmem_ptr(ptr), make_shape(head_dim, keys, heads, batch),
-                     make_stride(s.row, _1{}, usable(s.head, heads), usable(s.batch, batch)));
+                     make_stride(s.row, _1{}, tma_stride<Element>(s.head, heads), tma_stride<Element>(s.batch, batch)));
 }
 
 // Host-side facts and settings asked of the CUDA runtime once per device and cached (each runtime
@@ -192,7 +195,7 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   // (transpose_v.h writes zeros past each entry's keys).
   const auto v_view = [&](int keys, int batch) {
     if constexpr (Config::kFp8) {
-      return transposed_tma_view(v, p.v_stride, dv, keys, p.heads_kv, batch);
+      return transposed_tma_view<Element>(v, p.v_stride, dv, keys, p.heads_kv, batch);
     } else {
       return tma_view<Element>(v, p.v_stride, keys, dv, p.heads_kv, batch);
     }
@@ -288,7 +291,6 @@ struct ForwardTileDv {
 // Measured on the H200 at D = 128 (docs/tried.md): 0.2–4.9% faster than 128 × 128 on the six rows
 // of the FP8 suite, and than FlashAttention-3's 128 × 224 on five (224: 2% faster on one);
 // 128 × 256 spills.
-template <int kHeadDim, bool kCausal>
 struct Fp8ForwardTile {
   static constexpr int kBlockM = 128, kBlockN = 192, kStages = 2;
 };
@@ -297,9 +299,8 @@ template <int kHeadDim, bool kCausal>
 cudaError_t run_forward_fp8(const ForwardParams& params, cudaStream_t stream) {
   cudaError_t err = transpose_v_fp8<kHeadDim>(params, stream);
   if (err != cudaSuccess) return err;
-  using Tile = Fp8ForwardTile<kHeadDim, kCausal>;
-  return launch_forward<ForwardConfig<cutlass::float_e4m3_t, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kStages>,
-                        kCausal, false>(params, stream);
+  return launch_forward<ForwardConfigOf<cutlass::float_e4m3_t, kHeadDim, Fp8ForwardTile>, kCausal, false>(params,
+                                                                                                    stream);
 }
 
 template <class ElementTag, int kHeadDim, int kHeadDimV, bool kCausal, bool kSoftcap>

@@ -20,7 +20,7 @@ namespace fa::sm90 {
 namespace detail {
 
 // The extended ops: (Element, N) → the SS (both operands from shared memory) and RS (A from
-// registers) op with fp32 accumulators (fp16, bf16, and e4m3 for the FP8 forward).
+// registers) op with fp32 accumulators.
 template <class Element, int kN, cute::GMMA::Major kMajorA, cute::GMMA::Major kMajorB>
 struct ExtendedGmma;
 
@@ -34,13 +34,6 @@ struct ExtendedGmma;
   struct ExtendedGmma<cutlass::bfloat16_t, N, kMajorA, kMajorB> {                          \
     using SS = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_SS<kMajorA, kMajorB>;         \
     using RS = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_RS<kMajorA, kMajorB>;         \
-  };                                                                                       \
-  template <cute::GMMA::Major kMajorA, cute::GMMA::Major kMajorB>                          \
-  struct ExtendedGmma<cutlass::float_e4m3_t, N, kMajorA, kMajorB> {                        \
-    static_assert(kMajorA == cute::GMMA::Major::K && kMajorB == cute::GMMA::Major::K,      \
-                  "e4m3 wgmma reads both operands K-major");                               \
-    using SS = cute::SM90::GMMA::MMA_64x##N##x32_F32E4M3E4M3_SS_TN<>;                      \
-    using RS = cute::SM90::GMMA::MMA_64x##N##x32_F32E4M3E4M3_RS_TN<>;                      \
   };
 FA_SM90_EXTENDED_GMMA(24)
 FA_SM90_EXTENDED_GMMA(40)

@@ -388,14 +388,20 @@ void forward_any(const Tensor& q, Args&&... args) {
   }
 }
 
-// The forward of float8_e4m3fn q, k and v (fa.forward's FP8 inputs): the output bf16 or fp16.
-template <class... Args>
-void forward_fp8(const Tensor& q, const ForwardOutputs& o, Args&&... args) {
+// fa.forward's and fa.forward_varlen's loops: forward_any, or for float8_e4m3fn q, k and v with
+// their descales, the output bf16 or fp16.
+void forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const ForwardOutputs& o, const Batch& batch,
+                    float scale, const Variant& variant, const Fp8Args& fp8) {
+  if (!fp8.fp8) {
+    forward_any(q, k, v, o, batch, scale, variant);
+    return;
+  }
   using F8 = torch::headeronly::Float8_e4m3fn;
+  const Descales descales{fp8.k_descale, fp8.v_descale, fp8.q_descale};
   if (o.out.scalar_type() == ScalarType::Half) {
-    forward_impl<F8, F8, torch::headeronly::Half>(q, std::forward<Args>(args)...);
+    forward_impl<F8, F8, torch::headeronly::Half>(q, k, v, o, batch, scale, variant, descales);
   } else {
-    forward_impl<F8, F8, torch::headeronly::BFloat16>(q, std::forward<Args>(args)...);
+    forward_impl<F8, F8, torch::headeronly::BFloat16>(q, k, v, o, batch, scale, variant, descales);
   }
 }
 
@@ -434,11 +440,7 @@ std::tuple<Tensor, Tensor> forward_cpu(const Tensor& q, const Tensor& k, const T
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   ForwardOutputs o = allocate_forward_outputs(q, s, fp8.out_dtype);
   if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
-  if (fp8.fp8) {
-    forward_fp8(q, o, k, v, o, Batch(s), scale, variant, Descales{fp8.k_descale, fp8.v_descale, fp8.q_descale});
-  } else {
-    forward_any(q, k, v, o, Batch(s), scale, variant);
-  }
+  forward_inputs(q, k, v, o, Batch(s), scale, variant, fp8);
   return {o.out, o.lse};
 }
 
@@ -495,11 +497,7 @@ std::tuple<Tensor, Tensor> forward_varlen_cpu(const Tensor& q, const Tensor& k, 
   torch::stable::zero_(o.out);
   torch::stable::fill_(o.lse, -std::numeric_limits<double>::infinity());
   if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
-  if (fp8.fp8) {
-    forward_fp8(q, o, k, v, o, batch, scale, variant, Descales{fp8.k_descale, fp8.v_descale, fp8.q_descale});
-  } else {
-    forward_any(q, k, v, o, batch, scale, variant);
-  }
+  forward_inputs(q, k, v, o, batch, scale, variant, fp8);
   return {o.out, o.lse};
 }
 

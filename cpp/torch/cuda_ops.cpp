@@ -522,8 +522,7 @@ void forward_fp8_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, c
   const Tensor& q = in.q;
   const Tensor& v = in.v;
   const bool packed = p.cu_seqlens_q != nullptr;
-  // A varlen batch's sequences start at 16-byte aligned keys of the rows (sm90/transpose_v.h).
-  const int64_t keys = fp8_transposed_v_keys(packed ? p.total_k + 16 * s.batch : s.seqlen_k);
+  const int64_t keys = packed ? fp8_transposed_v_keys(p.total_k, s.batch) : fp8_transposed_v_keys(s.seqlen_k);
   const Tensor vt = packed ? torch::stable::new_empty(v, {s.heads_kv, s.head_dim_v, keys})
                            : torch::stable::new_empty(v, {s.batch, s.heads_kv, s.head_dim_v, keys});
   p.v_rows = v.data_ptr();
@@ -547,7 +546,6 @@ void forward_fp8_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, c
     break;
     FA_FP8_FORWARD_CASE(64)
     FA_FP8_FORWARD_CASE(128)
-    FA_FP8_FORWARD_CASE(256)
 #undef FA_FP8_FORWARD_CASE
   }
   if (err != cudaSuccess) raise_launch_error(err, q, op);

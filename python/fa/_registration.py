@@ -151,9 +151,10 @@ _SINKS_INPUT = 8  # sinks' position among fa.forward's arguments (varlen: + 4)
 
 
 def _check_differentiable(op: str, q) -> None:
+    """FP8 inputs run the forward alone: asking for gradients is an error, not a silent detach."""
     if q.dtype == torch.float8_e4m3fn:
         raise RuntimeError(f"{op}: float8_e4m3fn q, k and v have no backward (the FP8 forward serves inference); "
-                           "train in bfloat16 or float16")
+                           "train in bfloat16 or float16, or call it under torch.no_grad()")
 
 
 def _input_grads(ctx, dq, dk, dv, dsinks, sinks_input: int):

@@ -4,18 +4,12 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ._registration import _backward, _deterministic, _setup_context, _setup_varlen_context, _varlen_backward
+from ._registration import (_backward, _check_differentiable, _deterministic, _setup_context, _setup_varlen_context,
+                            _varlen_backward)
 
 
 def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _check_fp8_grad(op: str, q: torch.Tensor, *tensors: Optional[torch.Tensor]) -> None:
-    """FP8 inputs run the forward alone: asking for gradients is an error, not a silent detach."""
-    if q.dtype == torch.float8_e4m3fn and _needs_grad(q, *tensors):
-        raise RuntimeError(f"{op}: float8_e4m3fn q, k and v have no backward (the FP8 forward serves inference); "
-                           "train in bfloat16 or float16, or call it under torch.no_grad()")
 
 
 def _window(window_size) -> Tuple[int, int]:
@@ -126,8 +120,8 @@ def attention(
     """
     args = (q, k, v, scale, causal, *_window(window_size), float(softcap), sinks, q_descale, k_descale, v_descale,
             out_dtype)
-    _check_fp8_grad("fa.attention", q, k, v, sinks)
     if _needs_grad(q, k, v, sinks):
+        _check_differentiable("fa.attention", q)  # before the forward runs
         out, lse = _Attention.apply(*args, _deterministic(deterministic))
     else:
         out, lse = torch.ops.fa.forward.default(*args)
@@ -187,8 +181,8 @@ def attention_varlen(
     """
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
             *_window(window_size), float(softcap), sinks, q_descale, k_descale, v_descale, out_dtype)
-    _check_fp8_grad("fa.attention_varlen", q, k, v, sinks)
     if _needs_grad(q, k, v, sinks):
+        _check_differentiable("fa.attention_varlen", q)
         out, lse = _AttentionVarlen.apply(*args, _deterministic(deterministic))
     else:
         out, lse = torch.ops.fa.forward_varlen.default(*args)

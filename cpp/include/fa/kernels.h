@@ -33,9 +33,13 @@ constexpr int decode_block_m(long long rows) { return rows <= 16 ? 16 : rows <= 
 // head dim head_dim: only the key-splitting decode kernel reads FP8 caches (sm80/kvcache_launch.h).
 constexpr int fp8_kvcache_max_rows(int head_dim) { return head_dim <= 128 ? 32 : 16; }
 
-// Keys a row of the FP8 forward's transposed V holds for `keys` keys (ForwardParams::v): a
-// multiple of 16, so that every row starts 16-byte aligned as TMA needs.
-constexpr long long fp8_transposed_v_keys(long long keys) { return (keys + 15) / 16 * 16; }
+// Keys a row of the FP8 forward's transposed V holds (ForwardParams::v) for `keys` keys, a multiple
+// of 16 so that every row starts 16-byte aligned as TMA needs; in a varlen batch of `sequences`,
+// 16 more a sequence, each starting at a 16-byte aligned key (sm90/transpose_v.h,
+// transposed_v_begin).
+constexpr long long fp8_transposed_v_keys(long long keys, long long sequences = 0) {
+  return (keys + 16 * sequences + 15) / 16 * 16;
+}
 
 namespace sm80 {
 

@@ -108,8 +108,7 @@ struct ForwardParams {
   // The FP8 forward: v transposed, (B, Hk, Dv, keys) with the keys contiguous (v_stride: batch,
   // head, and `row` the stride between head-dim rows: the keys a row holds, a multiple of 16), written by
   // run_forward_fp8 from v_rows (v's own layout, at v_rows_stride) into the buffer at v, which the
-  // caller allocates (fp8_transposed_v_keys(seqlen_k, or for a varlen batch total_k + 16 · batch)
-  // keys a row; sm90/transpose_v.h). The output (out) is float16 where out_fp16, else bfloat16.
+  // caller allocates (fp8_transposed_v_keys keys a row; sm90/transpose_v.h). The output (out) is float16 where out_fp16, else bfloat16.
   const void* v_rows = nullptr;
   Strides v_rows_stride;
   bool out_fp16 = false;
