@@ -144,8 +144,10 @@ template <class ElementTag, int kHeadDim>
 cudaError_t run_forward_kvcache_fp8(const ForwardParams& params, cudaStream_t stream) {
   using Element = cutlass_element_t<ElementTag>;
   static_assert(fp8_kvcache_max_rows(kHeadDim) == (kHeadDim <= 128 ? 32 : 16), "the key-splitting tiles' rows");
-  static_assert(kHeadDim > 128 || DecodeFp8ConfigFor<Element, kHeadDim, 32>::kSmemBytes <= kLeastOptinSmemBytes,
-                "an FP8 KV-cache tile for sm86/sm89");
+  if constexpr (kHeadDim <= 128) {  // (a D = 256 tile of 32 rows is not a valid configuration)
+    static_assert(DecodeFp8ConfigFor<Element, kHeadDim, 32>::kSmemBytes <= kLeastOptinSmemBytes,
+                  "an FP8 KV-cache tile for sm86/sm89");
+  }
   const cudaError_t err = launch_key_splitting<DecodeFp8ConfigFor, Element, kHeadDim>(params, stream, smem_optin_bytes());
   if (err != cudaErrorNotSupported) return err;
   const int rows = params.seqlen_q * (params.heads_q / params.heads_kv);
