@@ -276,8 +276,9 @@ def main_fp8(args, meta) -> int:
           f"{args.settle:g} ms of bf16 GEMMs; the median round", flush=True)
     rows, error_rows = fp8_suite.run_fp8_suite(args.impl, rounds=args.rounds, settle_ms=args.settle)
     print(fp8_suite.fp8_table(rows, error_rows))
-    print("\nTFLOP/s = 4·B·Hq·S²·D / time (causal: halved); fa-fp8, fa3-fp8: float8_e4m3fn q, k, v with "
-          "per-(batch, kv head) descales, bf16 out (fa-fp8's time includes its transpose of V); fa, fa3, cuDNN: bf16.")
+    print("\nTFLOP/s = 4·B·Hq·S²·D / time (causal: halved; a D/Dv row counts D = (D + Dv) / 2); fa-fp8, fa3-fp8: "
+          "float8_e4m3fn q, k, v with per-(batch, kv head) descales, bf16 out (fa-fp8's time includes its transpose "
+          "of V); fa, fa3, cuDNN: bf16.")
     mismatches = [f"fp8 {r['descales']} descales: {r['impl']} error {r['error']:.2e} vs float64 above 5e-2"
                   for r in error_rows if split_impl(r["impl"])[0] == "fa-fp8" and not (r["error"] is not None and r["error"] <= 5e-2)]
     return finish_run(args, time.strftime("fp8-%Y%m%d-%H%M%S"),

@@ -31,18 +31,29 @@ class Fp8Case:
     seqlen: int
     head_dim: int
     causal: bool
+    head_dim_v: int = 0  # v's and the output's head dim where it is below q's and k's (0: the same)
+
+    @property
+    def dv(self) -> int:
+        return self.head_dim_v or self.head_dim
 
     def label(self) -> str:
         heads = f"{self.heads_q}" if self.heads_q == self.heads_kv else f"{self.heads_q}/{self.heads_kv}"
-        return f"({self.batch}, {heads}, {self.seqlen}, {self.head_dim}){' causal' if self.causal else ''}"
+        dims = f"{self.head_dim}" if self.dv == self.head_dim else f"{self.head_dim}/{self.dv}"
+        return f"({self.batch}, {heads}, {self.seqlen}, {dims}){' causal' if self.causal else ''}"
 
     def flops(self) -> float:
-        return attention_flops(self.batch, self.heads_q, self.seqlen, self.seqlen, self.head_dim, self.causal)
+        """4·B·H·S²·D (causal: halved) with D the mean of q's and v's head dims: 2·S²·D_qk for
+        S = Q Kᵀ and 2·S²·D_v for O = P V a head."""
+        return attention_flops(self.batch, self.heads_q, self.seqlen, self.seqlen, (self.head_dim + self.dv) / 2,
+                               self.causal)
 
 
+# DeepSeek-V3's prefill, 128 heads of 192/128, runs where the build has FA_FP8_HEAD_DIM_PAIRS=192/128.
 FP8_CASES = [Fp8Case(4, 64, 64, 8192, 128, c) for c in (False, True)] + \
             [Fp8Case(2, 16, 16, 16384, 128, c) for c in (False, True)] + \
-            [Fp8Case(1, 64, 8, 16384, 128, c) for c in (False, True)]
+            [Fp8Case(1, 64, 8, 16384, 128, c) for c in (False, True)] + \
+            [Fp8Case(1, 128, 128, 8192, 192, c, 128) for c in (False, True)]
 FP8_ERROR_CASE = Fp8Case(1, 8, 8, 2048, 128, False)
 
 
@@ -50,9 +61,9 @@ def make_inputs(case: Fp8Case, descale: bool = True, seed: int = 0):
     """(B, S, H, D) tensors seen as (B, H, S, D): bf16 q, k, v; their e4m3 quantisation (per
     (batch, kv head) amax scaling into e4m3's range, or none); the descales (or None)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    shape = lambda h: (case.batch, case.seqlen, h, case.head_dim)  # noqa: E731
-    q, k, v = (torch.randn(shape(h), device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
-               for h in (case.heads_q, case.heads_kv, case.heads_kv))
+    shape = lambda h, d: (case.batch, case.seqlen, h, d)  # noqa: E731
+    q, k, v = (torch.randn(shape(h, d), device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
+               for h, d in ((case.heads_q, case.head_dim), (case.heads_kv, case.head_dim), (case.heads_kv, case.dv)))
     if not descale:
         return (q, k, v), (q.to(FP8), k.to(FP8), v.to(FP8)), (None, None, None)
     quantised, descales = [], []

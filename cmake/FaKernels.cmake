@@ -44,6 +44,10 @@
 # FA_FP8_HEAD_DIMS (of FA_HEAD_DIMS; 64 and 128, by default 128): the Hopper forward's kernels for float8_e4m3fn
 # q, k and v (entry run_forward_fp8, causal off and on, units sm90_fwd_fp8_hdim<D>[_causal]; the
 # output's dtype is chosen at run time), only where FA_CUDA_ARCHS has 90a.
+# FA_FP8_HEAD_DIM_PAIRS (D/Dv as FA_HEAD_DIM_PAIRS; by default none): the FP8 forward's kernels for
+# v's head dim below q's and k's (the same entry, units sm90_fwd_fp8_hdim<D>v<Dv>[_causal]); a call
+# runs on the smallest pair that holds its D and Dv. Off by default: two units more in a build
+# that is close to the 5-minute install budget.
 set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
 set(FA_FP8_SUPPORTED_HEAD_DIMS 64 128)
 set(FA_FP8_KV_SUPPORTED_HEAD_DIMS 64 128 256)
@@ -74,23 +78,29 @@ list(APPEND FA_KERNEL_TABLE
 )
 set(FA_SUPPORTED_DTYPES fp16 bf16)
 
-set(FA_SM90_HEAD_DIM_PAIRS "")
-foreach(_pair IN LISTS FA_HEAD_DIM_PAIRS)
-  if(NOT _pair MATCHES "^([0-9]+)/([0-9]+)$")
-    message(FATAL_ERROR "fa: FA_HEAD_DIM_PAIRS entry '${_pair}' is not D/Dv (e.g. 192/128)")
-  endif()
-  set(_d ${CMAKE_MATCH_1})
-  set(_dv ${CMAKE_MATCH_2})
-  math(EXPR _d_rem "${_d} % 64")
-  math(EXPR _dv_rem "${_dv} % 64")
-  if(_d_rem OR _dv_rem OR _d GREATER 256 OR NOT _dv LESS _d OR _dv LESS 64)
-    message(FATAL_ERROR "fa: FA_HEAD_DIM_PAIRS entry '${_pair}': D and Dv must be multiples of 64, "
-                        "Dv < D <= 256")
-  endif()
-  if("90a" IN_LIST FA_CUDA_ARCHS)
-    list(APPEND FA_SM90_HEAD_DIM_PAIRS ${_pair})
-  endif()
-endforeach()
+# The pairs of the list variable `option` (FA_HEAD_DIM_PAIRS or FA_FP8_HEAD_DIM_PAIRS), checked, into
+# `out` where FA_CUDA_ARCHS has 90a (else none).
+function(_fa_head_dim_pairs option out)
+  set(_pairs "")
+  foreach(_pair IN LISTS ${option})
+    if(NOT _pair MATCHES "^([0-9]+)/([0-9]+)$")
+      message(FATAL_ERROR "fa: ${option} entry '${_pair}' is not D/Dv (e.g. 192/128)")
+    endif()
+    set(_d ${CMAKE_MATCH_1})
+    set(_dv ${CMAKE_MATCH_2})
+    math(EXPR _d_rem "${_d} % 64")
+    math(EXPR _dv_rem "${_dv} % 64")
+    if(_d_rem OR _dv_rem OR _d GREATER 256 OR NOT _dv LESS _d OR _dv LESS 64)
+      message(FATAL_ERROR "fa: ${option} entry '${_pair}': D and Dv must be multiples of 64, Dv < D <= 256")
+    endif()
+    if("90a" IN_LIST FA_CUDA_ARCHS)
+      list(APPEND _pairs ${_pair})
+    endif()
+  endforeach()
+  set(${out} "${_pairs}" PARENT_SCOPE)
+endfunction()
+_fa_head_dim_pairs(FA_HEAD_DIM_PAIRS FA_SM90_HEAD_DIM_PAIRS)
+_fa_head_dim_pairs(FA_FP8_HEAD_DIM_PAIRS FA_SM90_FP8_HEAD_DIM_PAIRS)
 
 # One translation unit: ${FA_GENERATED_DIR}/instantiations/<name>.cu instantiating
 # fa::<family>::<entry><<args>>(const fa::<params>&, cudaStream_t), compiled with <gencode>;
@@ -132,19 +142,36 @@ macro(_fa_generate_pair_units)
   endforeach()
 endmacro()
 
-# The FP8 forward's units (FA_SM90_FP8_HEAD_DIMS), appended to _sources, and their list for
-# build_config.h (FA_CFG_SM90_FP8_HEAD_DIMS).
+# The FP8 forward's units (FA_SM90_FP8_HEAD_DIMS, then the pairs FA_SM90_FP8_HEAD_DIM_PAIRS),
+# appended to _sources, and their lists for build_config.h (FA_CFG_SM90_FP8_HEAD_DIMS,
+# FA_CFG_SM90_FP8_HEAD_DIM_PAIRS).
 macro(_fa_generate_fp8_forward_units)
   set(FA_CFG_SM90_FP8_HEAD_DIMS "")
+  set(FA_CFG_SM90_FP8_HEAD_DIM_PAIRS "")
+  set(_fa_fp8_units "")
   foreach(_hdim IN LISTS FA_SM90_FP8_HEAD_DIMS)
     string(APPEND FA_CFG_SM90_FP8_HEAD_DIMS "${_hdim}, ")
+    list(APPEND _fa_fp8_units "${_hdim}|${_hdim}|${_hdim}")
+  endforeach()
+  foreach(_pair IN LISTS FA_SM90_FP8_HEAD_DIM_PAIRS)
+    string(REPLACE "/" ";" _dims "${_pair}")
+    list(GET _dims 0 _d)
+    list(GET _dims 1 _dv)
+    string(APPEND FA_CFG_SM90_FP8_HEAD_DIM_PAIRS "${_d}, ${_dv}, ")
+    list(APPEND _fa_fp8_units "${_d}v${_dv}|${_d}|${_dv}")
+  endforeach()
+  foreach(_unit IN LISTS _fa_fp8_units)
+    string(REPLACE "|" ";" _unit "${_unit}")
+    list(GET _unit 0 _suffix)
+    list(GET _unit 1 _d)
+    list(GET _unit 2 _dv)
     foreach(_causal false true)
-      set(_name "sm90_fwd_fp8_hdim${_hdim}")
+      set(_name "sm90_fwd_fp8_hdim${_suffix}")
       if(_causal)
         string(APPEND _name "_causal")
       endif()
-      _fa_generate_unit(${_name} "sm90 fwd, float8_e4m3fn q, k, v, head dim ${_hdim}, causal: ${_causal}"
-                        sm90 fwd run_forward_fp8 ForwardParams "${_hdim}, ${_causal}"
+      _fa_generate_unit(${_name} "sm90 fwd, float8_e4m3fn q, k, v, head dims ${_d} (q, k) and ${_dv} (v), causal: ${_causal}"
+                        sm90 fwd run_forward_fp8 ForwardParams "${_d}, ${_causal}, ${_dv}"
                         "-gencode=arch=compute_90a,code=sm_90a")
     endforeach()
   endforeach()

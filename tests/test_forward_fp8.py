@@ -30,13 +30,20 @@ def ampere_family(device):
     return device == "cuda" and os.environ.get("FA_KERNEL_FAMILY") == "sm80"
 
 
-def skip_unless_fp8_built(d, device, errors_test=False):
-    """On CUDA: the Hopper family with a kernel for head dim d. The Ampere family has none: its
-    cases skip, but for test_fp8_errors, which checks that it says so."""
+def skip_unless_fp8_built(d, device, errors_test=False, dv=None):
+    """On CUDA: the Hopper family with a kernel for head dim d (v's dv below it: a pair D/Dv holding
+    both). The Ampere family has none: its cases skip, but for test_fp8_errors, which checks that it
+    says so."""
     if device != "cuda":
         return
     if ampere_family(device) and not errors_test:
         pytest.skip("the Ampere family has no FP8 forward (test_fp8_errors checks its error)")
+    if dv is not None and dv != d:
+        pairs = [tuple(int(x) for x in p.split("/")) for p in fa.build_info()["fp8_head_dim_pairs"]]
+        if not any(pd >= d and pdv >= dv for pd, pdv in pairs):
+            pytest.skip(f"this build has no FP8 forward kernel pair for head dims {d}/{dv} "
+                        "(FA_FP8_HEAD_DIM_PAIRS)")
+        return
     built = fa.build_info()["fp8_head_dims"]
     if not any(b >= d for b in built):
         pytest.skip(f"this build has no FP8 forward kernel for head dim {d} ({built})")
@@ -46,15 +53,16 @@ def quantise(t, magnitude):
     return (t * magnitude).clamp(-448, 448).to(FP8)  # e4m3 has no infinity
 
 
-def make_inputs(b, hq, hk, sq, sk, d, device, magnitude=2.0, descale=True, seed=0, layout="bhsd"):
-    """e4m3 q, k, v ((B, H, S, D), or seen through .transpose(1, 2) of (B, S, H, D) tensors), random
-    descales in [0.25, 2] (or None), and the reference's float64 q, k, v (dequantised)."""
+def make_inputs(b, hq, hk, sq, sk, d, device, magnitude=2.0, descale=True, seed=0, layout="bhsd", dv=None):
+    """e4m3 q, k, v ((B, H, S, D), v's head dim dv (default d); or seen through .transpose(1, 2) of
+    (B, S, H, D) tensors), random descales in [0.25, 2] (or None), and the reference's float64 q,
+    k, v (dequantised)."""
     gen = torch.Generator().manual_seed(seed)
-    shape = lambda h, s: (b, s, h, d) if layout == "bshd" else (b, h, s, d)  # noqa: E731
+    shape = lambda h, s, d=d: (b, s, h, d) if layout == "bshd" else (b, h, s, d)  # noqa: E731
     view = lambda t: t.transpose(1, 2) if layout == "bshd" else t  # noqa: E731
     q = view(quantise(torch.randn(shape(hq, sq), generator=gen), magnitude))
     k = view(quantise(torch.randn(shape(hk, sk), generator=gen), magnitude))
-    v = view(quantise(torch.randn(shape(hk, sk), generator=gen), 1.0))
+    v = view(quantise(torch.randn(shape(hk, sk, dv or d), generator=gen), 1.0))
     descales = [None, None, None]
     if descale:
         descales = [torch.rand(b, hk, generator=gen) * 1.75 + 0.25 for _ in range(3)]
@@ -122,6 +130,19 @@ def test_fp8_forward(device, causal, descale, shape):
     check(f"{shape} causal={causal}", out, lse, *reference(rq, rk, rv, causal))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 257, 300, 192, 128), (1, 4, 1, 130, 517, 176, 112)])
+def test_fp8_head_dim_v(device, causal, shape):
+    """v's head dim below q's and k's (DeepSeek's 192/128; 176/112 on the same kernels, whose tiles
+    zero-fill the columns past them)."""
+    b, hq, hk, sq, sk, d, dv = shape
+    skip_unless_fp8_built(d, device, dv=dv)
+    q, k, v, qd, kd, vd, rq, rk, rv = make_inputs(b, hq, hk, sq, sk, d, device, seed=7, dv=dv)
+    poison_cuda_allocator(((b, hq, sq, dv), torch.bfloat16), ((b, hq, sq), torch.float32), device=device)
+    out, lse = fa.attention(q, k, v, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True)
+    check(f"{shape} causal={causal}", out, lse, *reference(rq, rk, rv, causal))
+
+
 @pytest.mark.parametrize("window", [(64, 0), (100, 50), (-1, 17)])
 def test_fp8_windows_and_sinks(device, window):
     skip_unless_fp8_built(128, device)
@@ -145,21 +166,22 @@ def test_fp8_rows_that_see_no_key_fp16_out_strided(device):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_fp8_varlen(device, causal):
-    skip_unless_fp8_built(128, device)
+@pytest.mark.parametrize("d, dv", [(128, 128), (192, 128)])
+def test_fp8_varlen(device, causal, d, dv):
+    skip_unless_fp8_built(d, device, dv=dv)
     lens_q, lens_k = [70, 0, 300, 129], [90, 5, 260, 129]
-    hq, hk, d = 4, 2, 128
+    hq, hk = 4, 2
     gen = torch.Generator().manual_seed(6)
     q = quantise(torch.randn(sum(lens_q), hq, d, generator=gen), 2.0)
     k = quantise(torch.randn(sum(lens_k), hk, d, generator=gen), 2.0)
-    v = quantise(torch.randn(sum(lens_k), hk, d, generator=gen), 1.0)
+    v = quantise(torch.randn(sum(lens_k), hk, dv, generator=gen), 1.0)
     qd, kd, vd = [torch.rand(len(lens_q), hk, generator=gen) + 0.5 for _ in range(3)]
     cu = lambda lens: torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)  # noqa: E731
     out, lse = fa.attention_varlen(q.to(device), k.to(device), v.to(device), cu(lens_q).to(device),
                                    cu(lens_k).to(device), max(lens_q), max(lens_k), causal=causal,
                                    q_descale=qd.to(device), k_descale=kd.to(device), v_descale=vd.to(device),
                                    return_lse=True)
-    assert out.dtype == torch.bfloat16 and out.shape == (sum(lens_q), hq, d)
+    assert out.dtype == torch.bfloat16 and out.shape == (sum(lens_q), hq, dv)
     rq0 = rk0 = 0
     for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
         scale = lambda t, s: t.double() * s[i].double().repeat_interleave(t.size(1) // hk).view(1, -1, 1)  # noqa: E731
@@ -201,8 +223,11 @@ def test_fp8_errors(device):
     if device == "cuda":
         with pytest.raises(RuntimeError, match="softcap is not supported"):
             fa.attention(q, k, v, softcap=30.0)
-        with pytest.raises(RuntimeError, match="v's head_dim"):
-            fa.attention(q, k, v[..., :64])
+        with pytest.raises(RuntimeError, match="head dims must be multiples of 16"):
+            fa.attention(q, k, v[..., :40])
+        wider = torch.zeros(*v.shape[:-1], 144, device=device).to(FP8)  # v's head dim above q's: no pair
+        with pytest.raises(RuntimeError, match="need a kernel pair D/Dv holding both"):
+            fa.attention(q, k, wider)
 
 
 def test_fp8_opcheck(device):

@@ -295,12 +295,15 @@ struct Fp8ForwardTile {
   static constexpr int kBlockM = 128, kBlockN = 192, kStages = 2;
 };
 
-template <int kHeadDim, bool kCausal>
+// kHeadDimV below kHeadDim (FA_FP8_HEAD_DIM_PAIRS, 192/128): the same tile; at 192/128 Q, two K/V
+// stages and the output take 176 KB.
+template <int kHeadDim, bool kCausal, int kHeadDimV>
 cudaError_t run_forward_fp8(const ForwardParams& params, cudaStream_t stream) {
-  cudaError_t err = transpose_v_fp8<kHeadDim>(params, stream);
+  cudaError_t err = transpose_v_fp8<kHeadDimV>(params, stream);
   if (err != cudaSuccess) return err;
-  return launch_forward<ForwardConfigOf<cutlass::float_e4m3_t, kHeadDim, Fp8ForwardTile>, kCausal, false>(params,
-                                                                                                    stream);
+  using Tile = Fp8ForwardTile;
+  using Config = ForwardConfig<cutlass::float_e4m3_t, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kStages, kHeadDimV>;
+  return launch_forward<Config, kCausal, false>(params, stream);
 }
 
 template <class ElementTag, int kHeadDim, int kHeadDimV, bool kCausal, bool kSoftcap>

@@ -109,6 +109,30 @@ std::string head_dims_text(const int (&head_dims)[N]) {
   return text.empty() ? " (none)" : text;
 }
 
+// The same for a list of pairs (D, Dv, D, Dv, ..., 0): the smallest pair D'/Dv' with D' >= D and
+// Dv' >= Dv ({0, 0}: none; its tiles zero-fill the columns past D and Dv), and the list as text.
+struct HeadDimPair {
+  int head_dim = 0, head_dim_v = 0;
+};
+template <std::size_t N>
+HeadDimPair smallest_pair_at_least(const int (&pairs)[N], int64_t head_dim, int64_t head_dim_v) {
+  HeadDimPair best;
+  for (std::size_t i = 0; pairs[i] != 0; i += 2) {
+    const int d = pairs[i], dv = pairs[i + 1];
+    if (d >= head_dim && dv >= head_dim_v &&
+        (best.head_dim == 0 || d < best.head_dim || (d == best.head_dim && dv < best.head_dim_v))) {
+      best = {d, dv};
+    }
+  }
+  return best;
+}
+template <std::size_t N>
+std::string head_dim_pairs_text(const int (&pairs)[N]) {
+  std::string text;
+  for (std::size_t i = 0; pairs[i] != 0; i += 2) text += " " + str_of(int64_t(pairs[i])) + "/" + str_of(int64_t(pairs[i + 1]));
+  return text.empty() ? " (none)" : text;
+}
+
 // The smallest head dim >= head_dim that `family` has kernels for in `direction` (0: none), with
 // soft-capping where `softcap` (forward and backward alike). Its tiles zero-fill the columns past D.
 int family_head_dim(Family family, int64_t head_dim, Direction direction = Direction::kForward,
@@ -294,16 +318,9 @@ void check_one_head_dim(const AttentionShape& s, const char* op) {
 std::optional<Kernels> pair_forward_kernels(const std::string& arch, const AttentionShape& s, bool softcap,
                                             const char* op) {
   if (arch != "90a" || softcap || family_setting(op) == "sm80") return std::nullopt;
-  int best_d = 0, best_dv = 0;
-  for (std::size_t i = 0; build_config::kSm90ForwardHeadDimPairs[i] != 0; i += 2) {
-    const int d = build_config::kSm90ForwardHeadDimPairs[i], dv = build_config::kSm90ForwardHeadDimPairs[i + 1];
-    if (d >= s.head_dim && dv >= s.head_dim_v && (best_d == 0 || d < best_d || (d == best_d && dv < best_dv))) {
-      best_d = d;
-      best_dv = dv;
-    }
-  }
-  if (best_d == 0) return std::nullopt;
-  return Kernels{Family::kSm90, best_d, false, best_dv};
+  const HeadDimPair best = smallest_pair_at_least(build_config::kSm90ForwardHeadDimPairs, s.head_dim, s.head_dim_v);
+  if (best.head_dim == 0) return std::nullopt;
+  return Kernels{Family::kSm90, best.head_dim, false, best.head_dim_v};
 }
 
 // v's head dim apart from q's and k's where no kernel takes the two (the backward, the Ampere family,
@@ -326,8 +343,12 @@ void copy_narrowed(Tensor& dst, Tensor& src) {
   torch::stable::copy_(dst, torch::stable::narrow(src, last, 0, dst.size(last)));
 }
 
+// The pairs cmake/FaKernels.cmake admits (D/Dv, multiples of 64, Dv < D <= 256): FA_EACH_PAIR(CASE)
+// expands CASE(D, DV) for each.
+#define FA_EACH_PAIR(CASE) CASE(128, 64) CASE(192, 64) CASE(192, 128) CASE(256, 64) CASE(256, 128) CASE(256, 192)
+
 // Calls fn(ElementTag{}, integral_constant<D>{}, integral_constant<Dv>{}, bool_constant<causal>{})
-// for a pair's kernels (the pairs cmake/FaKernels.cmake admits; those this build holds).
+// for a pair's kernels (those of FA_EACH_PAIR this build holds).
 template <class Fn>
 cudaError_t dispatch_pair(ScalarType dtype, const Kernels& kernels, bool causal, const char* op, Fn&& fn) {
   auto with_dims = [&](auto tag) -> cudaError_t {
@@ -339,12 +360,7 @@ cudaError_t dispatch_pair(ScalarType dtype, const Kernels& kernels, bool causal,
       return fn(tag, typename Dims::first_type{}, typename Dims::second_type{}, std::false_type{}); \
     }                                                                                              \
   }
-    FA_PAIR_CASE(128, 64)
-    FA_PAIR_CASE(192, 64)
-    FA_PAIR_CASE(192, 128)
-    FA_PAIR_CASE(256, 64)
-    FA_PAIR_CASE(256, 128)
-    FA_PAIR_CASE(256, 192)
+    FA_EACH_PAIR(FA_PAIR_CASE)
 #undef FA_PAIR_CASE
     fail(op, ": no kernel for head dims ", str_of(int64_t(kernels.head_dim)), "/", str_of(int64_t(kernels.head_dim_v)));
   };
@@ -496,19 +512,33 @@ void forward_any_head_dims(ForwardParams& p, ForwardOutputs& o, const Tensor& q,
   copy_narrowed(o.out, padded.out);
 }
 
-// The FP8 forward's kernel head dim for a call (the smallest of FA_FP8_HEAD_DIMS holding it), after
-// the checks only that forward needs: the Hopper family, no soft-capping, one head dim, a multiple
-// of 16 (whole 16-byte rows for TMA).
-int fp8_forward_head_dim(const AttentionShape& s, const Variant& variant, const std::string& arch, const char* op) {
+// The FP8 forward's kernel head dims for a call, after the checks only that forward needs: the
+// Hopper family, no soft-capping, head dims multiples of 16 (whole 16-byte rows for TMA). One head
+// dim: the smallest of FA_FP8_HEAD_DIMS holding it; v's below q's and k's: the smallest pair of
+// FA_FP8_HEAD_DIM_PAIRS holding both.
+HeadDimPair fp8_forward_head_dims(const AttentionShape& s, const Variant& variant, const std::string& arch,
+                                  const char* op) {
   FA_CHECK(arch == "90a", op, ": float8_e4m3fn q, k and v run on the Hopper family alone (sm_90a: the e4m3 ",
            "wgmma); this device is sm_", arch, ". Run in bfloat16 or float16 there");
   FA_CHECK(family_setting(op) != "sm80", op, ": FA_KERNEL_FAMILY=sm80, but the Ampere family has no FP8 forward ",
            "(float8_e4m3fn q, k and v run on the Hopper family)");
   FA_CHECK(variant.softcap == 0, op, ": softcap is not supported with float8_e4m3fn q, k and v on CUDA");
-  FA_CHECK(s.head_dim_v == s.head_dim, op, ": with float8_e4m3fn q, k and v, v's head_dim ", str_of(s.head_dim_v),
-           " must be q's and k's ", str_of(s.head_dim), " on CUDA for now");
-  return fp8_kernel_head_dim(build_config::kSm90Fp8HeadDims, s.head_dim, "float8_e4m3fn q, k and v",
-                             "FA_FP8_HEAD_DIMS; Hopper builds only", op);
+  constexpr const char* what = "float8_e4m3fn q, k and v";
+  if (s.head_dim_v == s.head_dim) {
+    const int d = fp8_kernel_head_dim(build_config::kSm90Fp8HeadDims, s.head_dim, what,
+                                      "FA_FP8_HEAD_DIMS; Hopper builds only", op);
+    return {d, d};
+  }
+  FA_CHECK(s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0, op, ": with ", what,
+           " on CUDA, head dims must be multiples of 16, got ", str_of(s.head_dim), " (q, k) and ",
+           str_of(s.head_dim_v), " (v)");
+  const HeadDimPair best = smallest_pair_at_least(build_config::kSm90Fp8HeadDimPairs, s.head_dim, s.head_dim_v);
+  FA_CHECK(best.head_dim != 0, op, ": ", what, " with head dims ", str_of(s.head_dim), " (q, k) and ",
+           str_of(s.head_dim_v), " (v) need a kernel pair D/Dv holding both (D >= ", str_of(s.head_dim),
+           ", Dv >= ", str_of(s.head_dim_v), ", Dv < D); this build has FP8 pairs",
+           head_dim_pairs_text(build_config::kSm90Fp8HeadDimPairs), " (FA_FP8_HEAD_DIM_PAIRS, e.g. 192/128; ",
+           "Hopper builds only)");
+  return best;
 }
 
 // The FP8 forward (float8_e4m3fn q, k and v; fa.forward and fa.forward_varlen) into o: v transposed
@@ -517,7 +547,7 @@ int fp8_forward_head_dim(const AttentionShape& s, const Variant& variant, const 
 void forward_fp8_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, const Tensor& k_in,
                       const Tensor& v_in, const AttentionShape& s, float scale, const Variant& variant,
                       const Fp8Args& fp8, const std::string& arch, const char* op) {
-  const int head_dim = fp8_forward_head_dim(s, variant, arch, op);
+  const HeadDimPair kernel = fp8_forward_head_dims(s, variant, arch, op);
   const KernelInputs in = prepare_forward(p, o, q_in, k_in, v_in, s, scale, variant, op);
   const Tensor& q = in.q;
   const Tensor& v = in.v;
@@ -537,17 +567,20 @@ void forward_fp8_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, c
   const cudaStream_t stream = current_stream(q);
   const std::optional<Tensor> tile_counter = sm90_tile_counter(p, q, causal, stream, op);
   cudaError_t err = cudaErrorInvalidValue;
-  switch (head_dim) {
-#define FA_FP8_FORWARD_CASE(D)                                                                                \
-  case D:                                                                                                     \
-    if constexpr (build_config::listed(build_config::kSm90Fp8HeadDims, D)) {                                  \
-      err = causal ? sm90::run_forward_fp8<D, true>(p, stream) : sm90::run_forward_fp8<D, false>(p, stream); \
-    }                                                                                                         \
-    break;
-    FA_FP8_FORWARD_CASE(64)
-    FA_FP8_FORWARD_CASE(128)
-#undef FA_FP8_FORWARD_CASE
+  auto run = [&](auto hd, auto hdv) {
+    constexpr int D = decltype(hd)::value, DV = decltype(hdv)::value;
+    err = causal ? sm90::run_forward_fp8<D, true, DV>(p, stream) : sm90::run_forward_fp8<D, false, DV>(p, stream);
+  };
+  using std::integral_constant;
+#define FA_FP8_FORWARD_CASE(D, DV)                                                                         \
+  if constexpr (D == DV ? build_config::listed(build_config::kSm90Fp8HeadDims, D)                          \
+                        : build_config::listed_pair(build_config::kSm90Fp8HeadDimPairs, D, DV)) {          \
+    if (kernel.head_dim == D && kernel.head_dim_v == DV) run(integral_constant<int, D>{}, integral_constant<int, DV>{}); \
   }
+  FA_FP8_FORWARD_CASE(64, 64)
+  FA_FP8_FORWARD_CASE(128, 128)
+  FA_EACH_PAIR(FA_FP8_FORWARD_CASE)
+#undef FA_FP8_FORWARD_CASE
   if (err != cudaSuccess) raise_launch_error(err, q, op);
 }
 

@@ -84,6 +84,8 @@ def build_info() -> Dict[str, Any]:
             [int(d) for d in _split(getattr(cfg, "fp8_kv_cache_head_dims", ""))] if cfg else []),
         # Hopper forward kernels for float8_e4m3fn q, k and v (FA_FP8_HEAD_DIMS): a head dim runs on the next one.
         "fp8_head_dims": [int(d) for d in _split(getattr(cfg, "fp8_head_dims", ""))] if cfg else [],
+        # Those for v's head dim below q's and k's, as "D/Dv" (FA_FP8_HEAD_DIM_PAIRS).
+        "fp8_head_dim_pairs": _split(getattr(cfg, "fp8_head_dim_pairs", "")) if cfg else [],
         # The Ampere family's head dims whose causal kernel serves every mask (a build for Hopper alone).
         "sm80_run_time_mask_head_dims": (
             [int(d) for d in _split(getattr(cfg, "sm80_run_time_mask_head_dims", ""))] if cfg else []),

@@ -108,8 +108,9 @@ def attention(
             (FlashAttention-3's names and layout; ``None`` is 1). The scores are
             ``(q · q_descale) · (k · k_descale)``, the output ``P (v · v_descale)``. On CUDA the
             Hopper family alone runs it (sm_90a), at head dims that are multiples of 16 with
-            kernels in ``fa.build_info()["fp8_head_dims"]``, without soft-capping and with one
-            head dim for q, k and v; the CPU path has none of these limits.
+            kernels in ``fa.build_info()["fp8_head_dims"]`` (v's head dim below q's and k's:
+            ``["fp8_head_dim_pairs"]``, e.g. 192/128), without soft-capping; the CPU path has
+            none of these limits.
         out_dtype: FP8 inputs' output dtype, ``torch.bfloat16`` (default) or ``torch.float16``.
         return_lse: also return the log-sum-exp of each row's scaled scores.
 

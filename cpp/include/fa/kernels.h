@@ -75,8 +75,9 @@ template <class ElementTag, int kHeadDim, int kHeadDimV, bool kCausal, bool kSof
 cudaError_t run_forward_dv(const ForwardParams& params, cudaStream_t stream);
 
 // The FP8 forward: float8_e4m3fn q, k and v (params.v_rows), descales (params.q_descale, ...),
-// output bf16 or fp16 (params.out_fp16); it first writes v transposed into params.v.
-template <int kHeadDim, bool kCausal>
+// output bf16 or fp16 (params.out_fp16); it first writes v transposed into params.v. v's and the
+// output's head dim kHeadDimV: kHeadDim, or below it (FA_FP8_HEAD_DIM_PAIRS).
+template <int kHeadDim, bool kCausal, int kHeadDimV>
 cudaError_t run_forward_fp8(const ForwardParams& params, cudaStream_t stream);
 
 // Native head dims 64 and 128; params.lse_log2 must be set, and the dQ workspace is laid out in
