@@ -129,7 +129,9 @@ HeadDimPair smallest_pair_at_least(const int (&pairs)[N], int64_t head_dim, int6
 template <std::size_t N>
 std::string head_dim_pairs_text(const int (&pairs)[N]) {
   std::string text;
-  for (std::size_t i = 0; pairs[i] != 0; i += 2) text += " " + str_of(int64_t(pairs[i])) + "/" + str_of(int64_t(pairs[i + 1]));
+  for (std::size_t i = 0; pairs[i] != 0; i += 2) {
+    text += " " + str_of(int64_t(pairs[i])) + "/" + str_of(int64_t(pairs[i + 1]));
+  }
   return text.empty() ? " (none)" : text;
 }
 
@@ -567,15 +569,15 @@ void forward_fp8_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, c
   const cudaStream_t stream = current_stream(q);
   const std::optional<Tensor> tile_counter = sm90_tile_counter(p, q, causal, stream, op);
   cudaError_t err = cudaErrorInvalidValue;
-  auto run = [&](auto hd, auto hdv) {
-    constexpr int D = decltype(hd)::value, DV = decltype(hdv)::value;
-    err = causal ? sm90::run_forward_fp8<D, true, DV>(p, stream) : sm90::run_forward_fp8<D, false, DV>(p, stream);
-  };
-  using std::integral_constant;
-#define FA_FP8_FORWARD_CASE(D, DV)                                                                         \
-  if constexpr (D == DV ? build_config::listed(build_config::kSm90Fp8HeadDims, D)                          \
-                        : build_config::listed_pair(build_config::kSm90Fp8HeadDimPairs, D, DV)) {          \
-    if (kernel.head_dim == D && kernel.head_dim_v == DV) run(integral_constant<int, D>{}, integral_constant<int, DV>{}); \
+  // The kernels of one head dim (FA_FP8_HEAD_DIMS) and of the pairs (FA_FP8_HEAD_DIM_PAIRS) this
+  // build holds.
+#define FA_FP8_FORWARD_CASE(D, DV)                                                                  \
+  if constexpr (D == DV ? build_config::listed(build_config::kSm90Fp8HeadDims, D)                   \
+                        : build_config::listed_pair(build_config::kSm90Fp8HeadDimPairs, D, DV)) {   \
+    if (kernel.head_dim == D && kernel.head_dim_v == DV) {                                          \
+      err = causal ? sm90::run_forward_fp8<D, true, DV>(p, stream)                                  \
+                   : sm90::run_forward_fp8<D, false, DV>(p, stream);                                \
+    }                                                                                               \
   }
   FA_FP8_FORWARD_CASE(64, 64)
   FA_FP8_FORWARD_CASE(128, 128)
