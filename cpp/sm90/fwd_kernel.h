@@ -133,7 +133,7 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) row_sinks[r] = p.sinks != nullptr ? p.sinks[w.head] : -INFINITY;
     auto out_rows = rowcol_view(acc_o);
-    softmax.finalize(out_rows, Config::kFp8 ? scale : p.scale, row_lse, row_sinks);
+    softmax.finalize(out_rows, scale, row_lse, row_sinks);
     if constexpr (Config::kFp8) {
       CUTE_UNROLL
       for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= v_descale;

@@ -63,16 +63,14 @@ struct ForwardMainloop {
   // Q must be in shared memory, in buffer q_stage (the caller waited on its q_full). This
   // warpgroup computes only the tiles [0, own_blocks) its own 64 rows see (own_blocks(), above);
   // it takes its turn for the others and hands their buffers back unread.
-  // fp8_scale_log2: the FP8 forward's softmax scale (p.scale_log2 times the tile's q and k
-  // descales); the 16-bit kernels read p.scale_log2.
+  // scale_log2: the tile's softmax scale (p.scale_log2; FP8: times the tile's q and k descales).
   template <class Storage, class AccO, class Softmax>
   CUTE_DEVICE static void run(const ForwardParams& p, Storage& smem, int q_stage, KVPipeline& pipeline_k,
                               KVPipeline& pipeline_v, PipelineState& k_state, PipelineState& v_state,
                               WarpgroupTurns<Config::kMmaWarpgroups> const& turns, int mma_tid,
                               const WorkTile& w, const AttentionMask<kCausal>& mask, int n_blocks,
-                              int own_blocks, AccO& acc_o, Softmax& softmax, int pair, float fp8_scale_log2) {
+                              int own_blocks, AccO& acc_o, Softmax& softmax, int pair, float scale_log2) {
     using namespace cute;
-    const float scale_log2 = Config::kFp8 ? fp8_scale_log2 : p.scale_log2;
     Tensor sQ = make_tensor(make_smem_ptr(Config::query_buffer(smem, q_stage)), typename Config::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Config::SmemLayoutVt{});

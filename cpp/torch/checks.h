@@ -48,9 +48,9 @@ inline constexpr int64_t kMaxSplits = 128;
 inline constexpr int64_t kHeadDimMultiple = 8;
 
 // q (B, Hq, Sq, D), k (B, Hk, Sk, D) and v (B, Hk, Sk, Dv): fp16/bf16 (or all three float8_e4m3fn:
-// check_fp8_args), one device, stride 1 in the
-// last dim. Every op takes v's head dim Dv (the output's) apart from q's and k's D; the CUDA kernels
-// need Dv = D for now (cuda_ops.cpp says so).
+// check_fp8_args), one device, stride 1 in the last dim. Every op takes v's head dim Dv (the
+// output's) apart from q's and k's D; which CUDA kernels serve it is cuda_ops.cpp's choice (pair
+// kernels, zero-padded copies, or a clear error).
 AttentionShape check_forward_inputs(const Tensor& q, const Tensor& k, const Tensor& v);
 
 // The forward's inputs plus dout and out ((B, Hq, Sq, Dv)) and softmax_lse ((B, Hq, Sq) float32).
