@@ -215,7 +215,9 @@ struct ForwardMainloop {
       if (!__all_sync(0xffffffffu, row_sums != -1.f)) __trap();
       gemm_wait<0>(acc_o);
     };
-    auto step = [&](int n, auto masked) {
+    // always_inline: without it ptxas keeps one of the causal FP8 forward's step runs as a call
+    // (1.36 KB stack frame, spills, wgmma serialised across the call: C7520).
+    auto step = [&](int n, auto masked) __attribute__((always_inline)) {
       wait_k();
       turns.wait();
       s_gemm();  // S[n] = Q K[n]ᵀ ...
