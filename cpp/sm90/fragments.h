@@ -40,12 +40,11 @@ CUTE_HOST_DEVICE constexpr auto accumulator_as_a_operand(Layout acc) {
 }
 
 // FP8: P as the e4m3 A operand of O += P V (K = 32 a wgmma). An A fragment holds, for the thread's
-// row r (and r + 8), columns 4·(t % 4) + {0..3} and 16 + 4·(t % 4) + {0..3} of each 32 keys, the
-// accumulator columns 8j + 2·(t % 4) + {0, 1}: the same 8 values a row, owned by other lanes of the
-// quad. So each thread converts its values to e4m3 and gathers its operand with two shuffles per
-// row and 32 keys: lane q needs the column pairs of lanes 2·(q % 2) and 2·(q % 2) + 1, from their
-// column groups {0, 2} (q < 2) or {1, 3} (q ≥ 2). In each round a lane sends the half its reader
-// wants (even lanes: groups {0, 2} first), so 8 instructions a row and 32 keys move P's bytes.
+// row r (and r + 8), slots 4·(t % 4) + {0..3} and 16 + 4·(t % 4) + {0..3} of each 32 keys. The
+// transposed V stores the keys of each 16 in the order of those slots (transpose_v.h,
+// fp8_v_key_of_slot): slots 4·(t % 4) + {0..3} are keys 2·(t % 4) + {0, 1} and 8 + 2·(t % 4) + {0, 1},
+// the accumulator columns this thread holds. So each thread converts its own values to e4m3 and
+// packs them with byte permutes: no shuffles.
 //
 // acc: the fp32 probabilities ((2, 2, N/8), 1, 1); frag: e4m3 ((4, 2, 2), 1, N/32), compact.
 template <class Acc, class Frag>
@@ -62,26 +61,14 @@ CUTE_DEVICE void fp8_probs_as_a_operand(Acc const& acc, Frag& frag) {
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(hi) : "f"(acc(4 * j + 2)), "f"(acc(4 * j + 3)));
     words[j] = uint32_t(lo) | uint32_t(hi) << 16;
   }
-  const int q = threadIdx.x % 4;
-  const int base = threadIdx.x % 32 - q;
-  const int swapped = (q & 1) << 1 | q >> 1;  // 0, 2, 1, 3
-  const int from_first = base + swapped, from_second = base + (swapped ^ 1);
-  const bool even = (q & 1) == 0;
-  // Round 1 brings lane 2·(q % 2)'s pairs to lanes 0 and 1, lane 2·(q % 2) + 1's to lanes 2 and 3.
-  const uint32_t low_pairs = q < 2 ? 0x5410 : 0x1054;
-  const uint32_t high_pairs = q < 2 ? 0x7632 : 0x3276;
   uint32_t* out = reinterpret_cast<uint32_t*>(raw_pointer_cast(frag.data()));
   CUTE_UNROLL
   for (int k = 0; k < kGroups / 4; ++k) {
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h) {  // row r, row r + 8
       const uint32_t row = h == 0 ? 0x5410 : 0x7632;
-      const uint32_t groups02 = __byte_perm(words[4 * k], words[4 * k + 2], row);
-      const uint32_t groups13 = __byte_perm(words[4 * k + 1], words[4 * k + 3], row);
-      const uint32_t r1 = __shfl_sync(0xffffffffu, even ? groups02 : groups13, from_first);
-      const uint32_t r2 = __shfl_sync(0xffffffffu, even ? groups13 : groups02, from_second);
-      out[4 * k + h] = __byte_perm(r1, r2, low_pairs);       // columns 4q .. 4q + 3
-      out[4 * k + 2 + h] = __byte_perm(r1, r2, high_pairs);  // columns 16 + 4q .. 16 + 4q + 3
+      out[4 * k + h] = __byte_perm(words[4 * k], words[4 * k + 1], row);          // keys 0 .. 15
+      out[4 * k + 2 + h] = __byte_perm(words[4 * k + 2], words[4 * k + 3], row);  // keys 16 .. 31
     }
   }
 }

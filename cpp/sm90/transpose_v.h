@@ -3,7 +3,8 @@
 // An e4m3 wgmma reads both operands K-major, so O += P V needs V with the keys contiguous:
 // (Dv, keys) rows for each (batch entry, kv head). This kernel writes them from v's own rows
 // (keys, Dv) into the buffer at params.v (ForwardParams: v_rows → v), 64 keys × Dv a CTA: 16-byte
-// loads of the rows into shared memory, then 16-byte stores of 16 keys of one column.
+// loads of the rows into shared memory, then 16-byte stores of 16 keys of one column, the keys of
+// each 16 in P's fragment order (fp8_v_key_of_slot).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,15 @@ namespace fa::sm90 {
 CUTE_HOST_DEVICE int transposed_v_begin(const ForwardParams& p, int batch) {
   if (p.cu_seqlens_k == nullptr) return 0;
   return (p.cu_seqlens_k[batch] + 16 * batch) / 16 * 16;
+}
+
+// The keys of each 16 in the order P's e4m3 A fragment holds them (fragments.h,
+// fp8_probs_as_a_operand): slot 4t + i of a 16-key block holds key 2t + i (i < 2) or 8 + 2t + i - 2,
+// the keys a thread's accumulator of S = Q Kᵀ holds. P V sums over the keys, so it is the same
+// product when P's columns and Vᵀ's keys take one order; this one lets each thread form its part of
+// P's A operand from its own accumulator, with no shuffles.
+CUTE_HOST_DEVICE constexpr int fp8_v_key_of_slot(int slot) {
+  return (slot & 2) * 4 + (slot >> 2) * 2 + (slot & 1);
 }
 
 // One CTA: keys [64·x, 64·x + 64) of batch entry z's part of the rows, head y. Each entry's part
@@ -62,7 +72,7 @@ __global__ void __launch_bounds__(256) transpose_v_kernel(const ForwardParams p)
     for (int w = 0; w < 4; ++w) {
       uint32_t word = 0;
       CUTE_UNROLL
-      for (int b = 0; b < 4; ++b) word |= uint32_t(tile[(key + 4 * w + b) * kPitch + col]) << (8 * b);
+      for (int b = 0; b < 4; ++b) word |= uint32_t(tile[(key + fp8_v_key_of_slot(4 * w + b)) * kPitch + col]) << (8 * b);
       words[w] = word;
     }
     *reinterpret_cast<uint4*>(dst + int64_t(col) * p.v_stride.row + first + key) =
