@@ -72,7 +72,9 @@ __global__ void __launch_bounds__(256) transpose_v_kernel(const ForwardParams p)
     for (int w = 0; w < 4; ++w) {
       uint32_t word = 0;
       CUTE_UNROLL
-      for (int b = 0; b < 4; ++b) word |= uint32_t(tile[(key + fp8_v_key_of_slot(4 * w + b)) * kPitch + col]) << (8 * b);
+      for (int b = 0; b < 4; ++b) {
+        word |= uint32_t(tile[(key + fp8_v_key_of_slot(4 * w + b)) * kPitch + col]) << (8 * b);
+      }
       words[w] = word;
     }
     *reinterpret_cast<uint4*>(dst + int64_t(col) * p.v_stride.row + first + key) =
