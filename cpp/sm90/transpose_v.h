@@ -21,7 +21,8 @@ namespace fa::sm90 {
 // (each entry has rows of its own), and for a varlen batch cu_seqlens_k[b] + 16·b rounded down to
 // a multiple of 16, at or past the previous sequence's end: every TMA box of V then starts at a
 // 16-byte aligned key (a box starting at sequence b's own first key, packed, faulted with an
-// illegal instruction on the H200).
+// illegal instruction on the H200), and every 16 keys of the rows (fp8_v_key_of_slot's blocks)
+// belong to one sequence.
 CUTE_HOST_DEVICE int transposed_v_begin(const ForwardParams& p, int batch) {
   if (p.cu_seqlens_k == nullptr) return 0;
   return (p.cu_seqlens_k[batch] + 16 * batch) / 16 * 16;

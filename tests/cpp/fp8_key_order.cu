@@ -25,12 +25,12 @@ int mismatched_threads(KeyOf key_of) {
   typename Config::TiledMmaS mma_s;
   typename Config::TiledMmaO mma_o;
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
-  auto scores = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});  // (row, key)
-  auto probs = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});   // (row, slot)
+  // (row, column): a key of S's accumulator, a slot of P's operand.
+  auto coords = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
   int bad = 0;
   for (int t = 0; t < int(size(mma_s)); ++t) {
-    auto s = mma_s.get_thread_slice(t).partition_C(scores);
-    auto p = mma_o.get_thread_slice(t).partition_A(probs);
+    auto s = mma_s.get_thread_slice(t).partition_C(coords);
+    auto p = mma_o.get_thread_slice(t).partition_A(coords);
     std::map<int, std::multiset<int>> s_keys, p_keys;  // row → keys
     for (int i = 0; i < int(size(s)); ++i) s_keys[int(get<0>(s(i)))].insert(int(get<1>(s(i))));
     for (int i = 0; i < int(size(p)); ++i) {

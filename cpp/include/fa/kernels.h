@@ -34,7 +34,8 @@ constexpr int decode_block_m(long long rows) { return rows <= 16 ? 16 : rows <= 
 constexpr int fp8_kvcache_max_rows(int head_dim) { return head_dim <= 128 ? 32 : 16; }
 
 // Keys a row of the FP8 forward's transposed V holds (ForwardParams::v) for `keys` keys, a multiple
-// of 16 so that every row starts 16-byte aligned as TMA needs; in a varlen batch of `sequences`,
+// of 16 so that every row starts 16-byte aligned as TMA needs and ends on a whole block of the
+// transpose's key order (sm90/transpose_v.h, fp8_v_key_of_slot); in a varlen batch of `sequences`,
 // 16 more a sequence, each starting at a 16-byte aligned key (sm90/transpose_v.h,
 // transposed_v_begin).
 constexpr long long fp8_transposed_v_keys(long long keys, long long sequences = 0) {
