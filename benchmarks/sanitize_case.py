@@ -44,10 +44,12 @@ the KV cache with one split and several.
 deterministic: backwards with deterministic=True (their key tiles wait for their turns to add to
 dQ: synccheck matters), at each head dim and family: GQA causal with many key tiles a query tile,
 odd lengths with Sq != Sk, a window with soft-capping, and varlen with empty sequences.
-headdimv: v's head dim below q's and k's on the Hopper forward's pair kernels (FA_HEAD_DIM_PAIRS;
-skipped where none is built or the GPU is not sm90a), bf16: 192/128 and 160/96 (on 192/128),
-causal and not, odd lengths with Sq != Sk, GQA, a window with sinks, more query tiles than SMs
-(the output tile staged in Q's buffer), and varlen with empty sequences."""
+headdimv: v's head dim below q's and k's on the Hopper pair kernels (FA_HEAD_DIM_PAIRS; skipped
+where none is built or the GPU is not sm90a), bf16: 192/128 and 160/96 (on 192/128), forward and
+(where the build has the pair's backward) backward, causal and not, odd lengths with Sq != Sk, GQA,
+a window with sinks, more query tiles than SMs (the output tile staged in Q's buffer) and more key
+tiles than SMs (a persistent backward CTA's steps run on from one key tile to the next), a
+deterministic backward (its key tiles wait for their turns), and varlen with empty sequences."""
 
 import os
 import sys
@@ -257,21 +259,28 @@ def headdimv():
         print("sanitize case skipped: headdimv (no Hopper pair kernels here)")
         return
     os.environ["FA_KERNEL_FAMILY"] = "sm90"
-    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    grads = bool(fa.build_info()["sm90_backward_head_dim_pairs"])
+    bf16 = dict(device="cuda", dtype=torch.bfloat16, requires_grad=grads)
+
+    def run(out):
+        if grads:
+            out.backward(torch.randn_like(out))
+
     for (b, hq, hk, sq, sk, d, dv) in ((1, 4, 2, 77, 133, 192, 128), (2, 4, 1, 700, 300, 160, 96),
                                        (8, 16, 16, 1100, 500, 192, 128)):
         for causal, window, sinks in ((False, (-1, -1), None), (True, (-1, 0), None),
                                       (True, (100, 0), torch.randn(hq, device="cuda"))):
             q, k = torch.randn(b, hq, sq, d, **bf16), torch.randn(b, hk, sk, d, **bf16)
-            fa.attention(q, k, torch.randn(b, hk, sk, dv, **bf16), causal=causal, window_size=window, sinks=sinks)
+            run(fa.attention(q, k, torch.randn(b, hk, sk, dv, **bf16), causal=causal, window_size=window,
+                             sinks=sinks, deterministic=sinks is not None))
     lengths_q, lengths_k = [0, 77, 1, 130, 200, 3], [61, 0, 133, 130, 5, 300]
     cu_q = torch.tensor([0] + lengths_q, device="cuda").cumsum(0).int()
     cu_k = torch.tensor([0] + lengths_k, device="cuda").cumsum(0).int()
     q, k = torch.randn(sum(lengths_q), 4, 192, **bf16), torch.randn(sum(lengths_k), 2, 192, **bf16)
     for causal in (False, True):
-        fa.attention_varlen(q, k, torch.randn(sum(lengths_k), 2, 128, **bf16), cu_q, cu_k, max(lengths_q),
-                            max(lengths_k), causal=causal)
-    print("sanitize case done: headdimv, sm90")
+        run(fa.attention_varlen(q, k, torch.randn(sum(lengths_k), 2, 128, **bf16), cu_q, cu_k, max(lengths_q),
+                                max(lengths_k), causal=causal))
+    print(f"sanitize case done: headdimv, sm90{', with the backward' if grads else ''}")
 
 
 for part in parts:

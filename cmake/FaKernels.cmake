@@ -35,7 +35,10 @@
 # FA_HEAD_DIM_PAIRS (D/Dv, Dv < D, both multiples of 64, D up to 256; default 192/128): Hopper
 # forward kernels for v's head dim below q's and k's, causal off and on, each dtype (entry
 # run_forward_dv, units sm90_fwd_hdim<D>v<Dv>_<dtype>[_causal]); a call runs on the smallest pair
-# that holds its D and Dv. Soft-capping and the backward have none yet.
+# that holds its D and Dv. The pairs with D above 128 and Dv a multiple of 128 (192/128, 256/128)
+# get Hopper backward kernels too (entry run_backward_dv, units sm90_bwd_hdim<D>v<Dv>_<dtype>[_causal]);
+# a backward runs on the smallest of those that holds its D and Dv. Soft-capping has none: it and
+# the other pairs' backward run on one head dim's kernels, padded.
 #
 # FA_FP8_KV_HEAD_DIMS (of FA_HEAD_DIMS; 64, 128, 256 by default): the Ampere family's KV-cache
 # kernels for float8_e4m3fn caches (entry run_forward_kvcache_fp8, units
@@ -101,6 +104,17 @@ function(_fa_head_dim_pairs option out)
 endfunction()
 _fa_head_dim_pairs(FA_HEAD_DIM_PAIRS FA_SM90_HEAD_DIM_PAIRS)
 _fa_head_dim_pairs(FA_FP8_HEAD_DIM_PAIRS FA_SM90_FP8_HEAD_DIM_PAIRS)
+# The pairs the Hopper backward takes (cpp/sm90/bwd_config.h): D above 128, Dv a multiple of 128.
+set(FA_SM90_BWD_HEAD_DIM_PAIRS "")
+foreach(_pair IN LISTS FA_SM90_HEAD_DIM_PAIRS)
+  string(REPLACE "/" ";" _dims "${_pair}")
+  list(GET _dims 0 _d)
+  list(GET _dims 1 _dv)
+  math(EXPR _dv_rem "${_dv} % 128")
+  if(_d GREATER 128 AND NOT _dv_rem)
+    list(APPEND FA_SM90_BWD_HEAD_DIM_PAIRS ${_pair})
+  endif()
+endforeach()
 
 # One translation unit: ${FA_GENERATED_DIR}/instantiations/<name>.cu instantiating
 # fa::<family>::<entry><<args>>(const fa::<params>&, cudaStream_t), compiled with <gencode>;
@@ -119,10 +133,29 @@ macro(_fa_generate_unit name what family direction entry params args gencode)
     COMPILE_OPTIONS "${gencode}")
 endmacro()
 
-# The Hopper forward's units for the head dim pairs of FA_HEAD_DIM_PAIRS (appended to _sources),
-# and their list for build_config.h (FA_CFG_SM90_HEAD_DIM_PAIRS).
+# The Hopper units for the head dim pairs of FA_HEAD_DIM_PAIRS (appended to _sources): the
+# backward's first (the longer units), then the forward's; and their lists for build_config.h
+# (FA_CFG_SM90_HEAD_DIM_PAIRS, FA_CFG_SM90_BWD_HEAD_DIM_PAIRS).
 macro(_fa_generate_pair_units)
   set(FA_CFG_SM90_HEAD_DIM_PAIRS "")
+  set(FA_CFG_SM90_BWD_HEAD_DIM_PAIRS "")
+  foreach(_pair IN LISTS FA_SM90_BWD_HEAD_DIM_PAIRS)
+    string(REPLACE "/" ";" _dims "${_pair}")
+    list(GET _dims 0 _d)
+    list(GET _dims 1 _dv)
+    string(APPEND FA_CFG_SM90_BWD_HEAD_DIM_PAIRS "${_d}, ${_dv}, ")
+    foreach(_dtype IN LISTS FA_DTYPES)
+      foreach(_causal false true)
+        set(_name "sm90_bwd_hdim${_d}v${_dv}_${_dtype}")
+        if(_causal)
+          string(APPEND _name "_causal")
+        endif()
+        _fa_generate_unit(${_name} "sm90 bwd, ${_fa_tag_${_dtype}}, head dims ${_d} (q, k) and ${_dv} (v), causal: ${_causal}"
+                          sm90 bwd run_backward_dv BackwardParams "fa::${_fa_tag_${_dtype}}, ${_d}, ${_dv}, ${_causal}, false"
+                          "-gencode=arch=compute_90a,code=sm_90a")
+      endforeach()
+    endforeach()
+  endforeach()
   foreach(_pair IN LISTS FA_SM90_HEAD_DIM_PAIRS)
     string(REPLACE "/" ";" _dims "${_pair}")
     list(GET _dims 0 _d)

@@ -1,8 +1,9 @@
 """A head dim of v (Dv) apart from q's and k's (D): DeepSeek's MLA prefill and training use D = 192,
 Dv = 128. The output takes Dv. The CPU path computes everything (the reference). On CUDA the Hopper
-family's forward runs it on the kernels of FA_HEAD_DIM_PAIRS (a pair D'/Dv' with D' >= D, Dv' >= Dv);
-the backward, the Ampere family and soft-capping run the kernels of one head dim on copies padded
-with zero columns; the KV cache raises a clear error."""
+family runs it on the kernels of FA_HEAD_DIM_PAIRS (a pair D'/Dv' with D' >= D, Dv' >= Dv; the
+backward's pairs are those with D' above 128 and Dv' a multiple of 128); other pairs' backward, the
+Ampere family and soft-capping run the kernels of one head dim on copies padded with zero columns;
+the KV cache raises a clear error."""
 
 import pytest
 import torch
@@ -107,6 +108,47 @@ def test_forward_tiles(device, shape, causal, window, sinks, dtype):
     qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     out_t = fa.attention(qt, kt, vt, causal=causal, window_size=window, sinks=sink)
     assert torch.equal(out_t, fa.attention(q, k, v, causal=causal, window_size=window, sinks=sink))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal,window,sinks", [(False, (-1, -1), False), (True, (-1, 0), False),
+                                                 (True, (300, 0), True), (False, (200, 150), False)],
+                         ids=["full", "causal", "window-sinks", "two-sided"])
+@pytest.mark.parametrize("shape", [(2, 8, 2, 333, 517, 192, 128), (1, 3, 3, 1000, 700, 192, 128),
+                                   (1, 4, 1, 257, 301, 176, 112)],
+                         ids=["gqa-sq<sk", "sq>sk", "d176-dv112"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gradient_tiles(device, shape, causal, window, sinks, dtype):
+    """The CUDA backward over several query and key tiles (odd lengths, GQA, rows that see no key
+    where sq > sk causal, a pair that runs on 192/128 with zero-filled columns), masks, sinks, both
+    dtypes, magnitudes of 2, strided views, against a float64 reference: the Hopper backward's pair
+    kernels, or (the Ampere family) the padded path; deterministic=True twice gives equal gradients."""
+    if device == "cpu":
+        pytest.skip("the CPU path is tested above")
+    b, hq, hk, sq, sk, d, dv = shape
+    skip_unless_padded_dim_built(device, d, dv)
+    q, k, v = (t * 2 for t in qkv(b, hq, hk, sq, sk, d, dv, dtype, device, seed=5))
+    sink = torch.randn(hq, device=device) if sinks else None
+    dout = torch.randn(b, hq, sq, dv, generator=torch.Generator().manual_seed(6)).to(dtype).to(device)
+    call = lambda a, c, e: fa.attention(a, c, e, causal=causal, window_size=window, sinks=sink)  # noqa: E731
+    got = run_and_grads(call, (q, k, v), dout)
+    ref = run_and_grads(lambda a, c, e: variant_attention(a, c, e, causal, window, sinks=sink)[0], (q, k, v), dout)
+    lowp = run_and_grads(lambda a, c, e: variant_attention(a, c, e, causal, window, sinks=sink, dtype=dtype)[0],
+                         (q, k, v), dout)
+    for name, g, r, lp in zip(("out", "dq", "dk", "dv"), got, ref, lowp):
+        assert g.shape == r.shape, name
+        assert_within_lowp_error(name, g, r, lp)
+    # (B, S, H, D) tensors seen through transpose(1, 2), and the deterministic backward twice.
+    views = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    strided = run_and_grads(call, views, dout)
+    for name, g, r, lp in zip(("out", "dq", "dk", "dv"), strided, ref, lowp):
+        assert_within_lowp_error(f"strided {name}", g, r, lp)
+    det = lambda a, c, e: fa.attention(a, c, e, causal=causal, window_size=window, sinks=sink,  # noqa: E731
+                                       deterministic=True)
+    first, second = run_and_grads(det, (q, k, v), dout), run_and_grads(det, (q, k, v), dout)
+    for name, g, h, r, lp in zip(("out", "dq", "dk", "dv"), first, second, ref, lowp):
+        assert torch.equal(g, h), f"deterministic {name}"
+        assert_within_lowp_error(f"deterministic {name}", g, r, lp)
 
 
 def test_varlen(device):

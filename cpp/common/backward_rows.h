@@ -82,7 +82,7 @@ __device__ __forceinline__ void prepare_row_block(const BackwardParams& p, const
   const int64_t workspace_first = seq.workspace_row(p, batch, head) + first;
   {
     const int col = (tid % Shape::kThreadsPerRow) * Shape::kVector;
-    const bool col_ok = col < p.head_dim;
+    const bool col_ok = col < p.head_dim_v;  // dO's and O's columns (v's head dim)
     const int row0 = first + tid / Shape::kThreadsPerRow;
     const auto* dout = static_cast<const Element*>(p.dout) + seq.q_offset(p.dout_stride, batch, head) + col;
     const auto* out = static_cast<const Element*>(p.out) + seq.q_offset(p.out_stride, batch, head) + col;

@@ -1,5 +1,5 @@
 // The same shared-memory bytes seen transposed, for GEMM operands read with the other mode
-// contiguous (ldmatrix.trans on sm80, an MN-major wgmma operand on sm90).
+// contiguous (ldmatrix.trans on sm80, an MN-major wgmma operand on sm90), or in part.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -23,5 +23,23 @@ CUTE_HOST_DEVICE constexpr auto transposed(Layout const& layout) {
 
 template <class Layout>
 using TransposedLayout = decltype(transposed(Layout{}));
+
+// The first kCols columns of a (rows × cols [× stages]) layout: (rows × kCols [× stages]), each
+// coordinate where the whole layout puts it (a view of part of a tile, every stage's).
+template <int kCols, class Layout>
+CUTE_HOST_DEVICE constexpr auto first_columns(Layout const& layout) {
+  using namespace cute;
+  const auto rows = size<0>(layout);
+  static_assert(kCols <= decltype(size<1>(layout))::value);
+  if constexpr (decltype(rank(layout))::value == 2) {
+    return composition(layout, make_layout(make_shape(rows, Int<kCols>{}), make_stride(_1{}, rows)));
+  } else {
+    return composition(layout, make_layout(make_shape(rows, Int<kCols>{}, size<2>(layout)),
+                                           make_stride(_1{}, rows, rows * size<1>(layout))));
+  }
+}
+
+template <class Layout, int kCols>
+using ColumnsOf = decltype(first_columns<kCols>(Layout{}));
 
 }  // namespace fa

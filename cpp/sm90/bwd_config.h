@@ -18,6 +18,14 @@
 //   dQ = dS K              in two slices of 128 columns (64 per warpgroup), each added to the
 //                          workspace from registers before the next is computed (32 registers).
 // One dO buffer (released once dV's GEMM is done) pays for the 80-key K and V tiles.
+//
+// v's head dim may be below q's and k's there (kHeadDimV, FA_HEAD_DIM_PAIRS: DeepSeek's 192/128):
+// dP, dV, dO and V at Dv. dVᵀ splits Dv between the warpgroups as above (Dv a multiple of 128),
+// and dKᵀ its first D / 128 · 128 rows (the lead). At D = 192 three 64-column blocks remain for
+// two warpgroups (an MN-major wgmma operand in the 128-byte swizzle takes whole 64-element
+// blocks): dQ's blocks 0 and 2 are warpgroup 0's, its block 1 and dKᵀ's last 64 rows (the tail,
+// all the keys: as many multiply-adds as a dQ block) warpgroup 1's (kdQAsymmetric), so both
+// still do the same work.
 #pragma once
 
 #include <type_traits>
@@ -29,10 +37,11 @@
 
 namespace fa::sm90 {
 
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kHeadDimV_ = kHeadDim_>
 struct BackwardConfig {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDim = kHeadDim_;    // q's and k's
+  static constexpr int kHeadDimV = kHeadDimV_;  // v's, dO's (and the output's)
   static constexpr int kBlockM = kBlockM_;  // query rows per step
   static constexpr int kBlockN = kBlockN_;  // keys of the CTA
   static constexpr int kStages = kStages_;  // Q (with its lse) buffers
@@ -51,11 +60,24 @@ struct BackwardConfig {
                               : kBlockN == 64 * kMmaWarpgroups,
                 "keys: 64 per wgmma M; or, split, whole k16 slices and wgmma N of 8s");
   static_assert(kBlockM % 64 == 0 && kHeadDim % 64 == 0, "whole 128-byte swizzle rows");
+  static_assert(kHeadDimV == kHeadDim || (kSplitHeadDim && kHeadDimV % 128 == 0 && kHeadDimV < kHeadDim),
+                "v's own head dim: split head dim only, dVᵀ's rows whole 64-row halves");
   static constexpr int kStagesdO = kSplitHeadDim ? 1 : kStages;  // dO (with its delta) buffers
+  // Split head dim: dKᵀ's rows that the warpgroups split (the lead) and those warpgroup 1 computes
+  // alone (the tail: 64 at D = 192, else none).
+  static constexpr int kdKLeadRows = kSplitHeadDim ? kHeadDim / 128 * 128 : kHeadDim;
+  static constexpr int kdKTailRows = kHeadDim - kdKLeadRows;
+  static_assert(!kSplitHeadDim || kdKTailRows == 0 || kdKTailRows == 64);
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
-  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
-  using TileKVt = cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>;  // split: dKᵀ, dVᵀ
+  using TileDO = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDimV>>;
+  using TileK = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TileV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimV>>;
+  using TileKV = TileK;  // keys split (one head dim)
+  using TileKt = cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>;   // split: dKᵀ
+  using TileVt = cute::Shape<cute::Int<kHeadDimV>, cute::Int<kBlockN>>;  // split: dVᵀ
+  using TileKtLead = cute::Shape<cute::Int<kdKLeadRows>, cute::Int<kBlockN>>;
+  using TileKtTail = cute::Shape<cute::Int<64>, cute::Int<kBlockN>>;
   using TileSt = cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>;  // keys × queries
   using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>;   // split: queries × keys
 
@@ -67,10 +89,25 @@ struct BackwardConfig {
       SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
   using SmemLayoutQt = TransposedLayout<SmemLayoutQ>;
   using SmemLayoutdO = decltype(cute::tile_to_shape(
-      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStagesdO>>{}));
+      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDimV>, cute::Int<kStagesdO>>{}));
   using SmemLayoutdOt = TransposedLayout<SmemLayoutdO>;
-  using SmemLayoutKV = decltype(cute::tile_to_shape(SmemAtom{}, TileKV{}));
-  using SmemLayoutKt = TransposedLayout<SmemLayoutKV>;
+  using SmemLayoutK = decltype(cute::tile_to_shape(SmemAtom{}, TileK{}));
+  using SmemLayoutV = decltype(cute::tile_to_shape(SmemAtom{}, TileV{}));
+  using SmemLayoutKV = SmemLayoutK;  // keys split (one head dim)
+  using SmemLayoutKt = TransposedLayout<SmemLayoutK>;
+  using SmemLayoutVt = TransposedLayout<SmemLayoutV>;
+  // dKᵀ's lead and tail rows (split head dim) in Qᵀ's and Kᵀ's buffers: Q's (K's) columns [0, lead)
+  // in every stage, and the 64 from `lead` on, transposed. The tail's view starts kQTailOffset
+  // (kKTailOffset) elements in: the tiles keep each 64 columns in a block of their own, and whole
+  // 1024-byte swizzle periods lie before it, so its swizzled addresses are the whole tile's.
+  using SmemLayoutQtLead = TransposedLayout<ColumnsOf<SmemLayoutQ, kdKLeadRows>>;
+  using SmemLayoutQtTail = TransposedLayout<ColumnsOf<SmemLayoutQ, 64>>;
+  using SmemLayoutKtLead = TransposedLayout<ColumnsOf<SmemLayoutK, kdKLeadRows>>;
+  using SmemLayoutKtTail = TransposedLayout<ColumnsOf<SmemLayoutK, 64>>;
+  static constexpr int kQTailOffset = kdKLeadRows * kBlockM;  // elements: the tail's first column
+  static constexpr int kKTailOffset = kdKLeadRows * kBlockN;
+  static_assert(kQTailOffset * sizeof(Element) % 1024 == 0 && kKTailOffset * sizeof(Element) % 1024 == 0,
+                "whole swizzle patterns (a 128-byte row's 8-row period) before the tail");
   // dSᵀ as the consumers write it (keys × queries, queries contiguous), two buffers so that one
   // barrier a step suffices; dS as the dQ GEMM reads it (queries × keys, MN-major).
   using SmemLayoutdSt = decltype(cute::tile_to_shape(
@@ -99,25 +136,38 @@ struct BackwardConfig {
             cute::GMMA::Major::K>(),
       AlongM{}));
   using TiledMmadKV = std::conditional_t<kSplitHeadDim, TiledMmadKVSplit, TiledMmadKVKeys>;
+  // Split head dim, dKᵀ's tail rows: warpgroup 1's alone (kdQAsymmetric).
+  using OneWarpgroup = cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>;
+  using TiledMmadKTail = decltype(cute::make_tiled_mma(
+      ss_op<Element, cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kBlockM>>, cute::GMMA::Major::MN,
+            cute::GMMA::Major::K>(),
+      OneWarpgroup{}));
   // dQ = dS K: dS and K both MN-major from shared memory. The warpgroups split the query rows
   // where there are 128 (wgmma N = the head dim), else the head dim (N = D / 2); split head dim,
-  // N = 64 a warpgroup, which tiles the head dim in kdQSlices slices computed one after the other.
+  // N = 64 a warpgroup, which tiles the head dim in kdQSlices slices computed one after the other:
+  // two at D = 256; at D = 192 (kdQAsymmetric) a TiledMma of one warpgroup, whose three slices
+  // (the head dim's 64-column blocks) the warpgroups share out as above.
   static constexpr bool kdQAlongM = kBlockM >= 128;
   static_assert(!kdQAlongM || kBlockM % (64 * kMmaWarpgroups) == 0);
+  static constexpr bool kdQAsymmetric = kSplitHeadDim && kdKTailRows > 0;
+  static_assert(!kdQAsymmetric || (kHeadDim == 192 && kMmaWarpgroups == 2));
   static constexpr int kdQColumns = kdQAlongM ? kHeadDim : kSplitHeadDim ? 64 : kHeadDim / kMmaWarpgroups;
-  static constexpr int kdQSlices = kHeadDim / (kdQColumns * (kdQAlongM ? 1 : kMmaWarpgroups));
+  static constexpr int kdQWarpgroups = kdQAsymmetric ? 1 : kMmaWarpgroups;  // those of TiledMmadQ
+  static constexpr int kdQThreads = kdQWarpgroups * 128;
+  static constexpr int kdQSlices = kHeadDim / (kdQColumns * (kdQAlongM ? 1 : kdQWarpgroups));
   using TileQSlice = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / kdQSlices>>;
   using TiledMmadQ = decltype(cute::make_tiled_mma(
       ss_op<Element, cute::Shape<cute::_64, cute::Int<kdQColumns>, cute::Int<kBlockN>>, cute::GMMA::Major::MN,
             cute::GMMA::Major::MN>(),
-      std::conditional_t<kdQAlongM, AlongM, AlongN>{}));
+      std::conditional_t<kdQAsymmetric, OneWarpgroup, std::conditional_t<kdQAlongM, AlongM, AlongN>>{}));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   using PipelinedO = cutlass::PipelineTmaAsync<kStagesdO>;
 
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr int kdOBytes = kBlockM * kHeadDimV * sizeof(Element);
   static constexpr int kRowBytes = kBlockM * sizeof(float);  // a tile's lse or delta values
-  static constexpr int kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kKVBytes = kBlockN * (kHeadDim + kHeadDimV) * sizeof(Element);  // K and V
   // Each warpgroup's share of the dQ tile (kBlockM · D / 2 fp32) in the order of its accumulator
   // registers: see dq_staging_offset(). Staged in shared memory for the dQ writer's bulk
   // reductions, kdQStages buffers (a warpgroup's reduction of one step may still be reading its
@@ -125,7 +175,7 @@ struct BackwardConfig {
   // added to the workspace straight from registers by 16-byte reductions: a staged tile would be
   // 64 KB there, and the tile's trip through shared memory (written, then read by the reduction)
   // is saved.
-  static constexpr int kdQWarpgroupFloats = kBlockM * kHeadDim / kMmaWarpgroups;
+  static constexpr int kdQWarpgroupFloats = kBlockM * kHeadDim / kdQWarpgroups;
   static constexpr bool kdQFromRegisters = kSplitHeadDim;
   static constexpr int kdQStages = kdQFromRegisters ? 0 : 2;
   // The workspace's query tiles claimed instead of zeroed (common/dq_claims.h) at head dim 64: its
@@ -165,8 +215,8 @@ struct BackwardConfig {
                          std::conditional_t<kdQFromRegisters, NoDqStaging, DqStaging> {
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutQ{}))::value, 1024> q;
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutdO{}))::value, 1024> dout;
-    cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutKV{}))::value, 1024> k;
-    cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutKV{}))::value, 1024> v;
+    cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutK{}))::value, 1024> k;
+    cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutV{}))::value, 1024> v;
     cute::array_aligned<Element, decltype(cute::cosize(SmemLayoutdSt{}))::value, 1024> ds;
     cute::array_aligned<float, kStages * kBlockM, 128> lse_log2;  // with Q
     cute::array_aligned<float, kStagesdO * kBlockM, 128> delta;   // with dO
@@ -181,11 +231,12 @@ struct BackwardConfig {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kMaxSmemBytes, "tile does not fit in shared memory");
 
-  // Where value i of consumer thread mma_tid's dQ accumulator lies in the staging buffer and in
-  // the workspace tile (which the buffer is added to, or kdQFromRegisters the registers are):
-  // groups of 4 consecutive registers are 16-byte vectors, and the 128 threads of a warpgroup
-  // store theirs side by side, so each warp's vector store or reduction covers 512 contiguous bytes
-  // (no bank conflicts in the buffer). The convert pass reads it back the same way.
+  // Where value i of thread mma_tid's dQ accumulator (of TiledMmadQ's kdQThreads: a whole tile's)
+  // lies in the staging buffer and in the workspace tile (which the buffer is added to, or
+  // kdQFromRegisters the registers are): groups of 4 consecutive registers are 16-byte vectors,
+  // and the 128 threads of a warpgroup store theirs side by side, so each warp's vector store or
+  // reduction covers 512 contiguous bytes (no bank conflicts in the buffer). The convert pass reads
+  // it back the same way.
   CUTE_HOST_DEVICE static constexpr int dq_staging_offset(int mma_tid, int i) {
     return (mma_tid / 128) * kdQWarpgroupFloats + ((i / 4) * 128 + mma_tid % 128) * 4 + i % 4;
   }
@@ -210,8 +261,10 @@ struct BackwardSmemTensors {
   View<typename Config::SmemLayoutQt> qt;
   View<typename Config::SmemLayoutdO> dout;
   View<typename Config::SmemLayoutdOt> doutt;
-  View<typename Config::SmemLayoutKV> k, v;
-  View<typename Config::SmemLayoutKt> kt, vt;
+  View<typename Config::SmemLayoutK> k;
+  View<typename Config::SmemLayoutV> v;
+  View<typename Config::SmemLayoutKt> kt;
+  View<typename Config::SmemLayoutVt> vt;
   View<typename Config::SmemLayoutdSt> dst;  // keys × queries, two buffers
   View<typename Config::SmemLayoutdS> ds;    // the same seen as queries × keys
 
@@ -221,10 +274,10 @@ struct BackwardSmemTensors {
         qt(view<typename Config::SmemLayoutQt>(smem.q.data())),
         dout(view<typename Config::SmemLayoutdO>(smem.dout.data())),
         doutt(view<typename Config::SmemLayoutdOt>(smem.dout.data())),
-        k(view<typename Config::SmemLayoutKV>(smem.k.data())),
-        v(view<typename Config::SmemLayoutKV>(smem.v.data())),
+        k(view<typename Config::SmemLayoutK>(smem.k.data())),
+        v(view<typename Config::SmemLayoutV>(smem.v.data())),
         kt(view<typename Config::SmemLayoutKt>(smem.k.data())),
-        vt(view<typename Config::SmemLayoutKt>(smem.v.data())),
+        vt(view<typename Config::SmemLayoutVt>(smem.v.data())),
         dst(view<typename Config::SmemLayoutdSt>(smem.ds.data())),
         ds(view<typename Config::SmemLayoutdS>(smem.ds.data())) {}
 };

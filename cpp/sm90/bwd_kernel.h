@@ -68,16 +68,16 @@
 
 namespace fa::sm90 {
 
-template <class TmaQ, class TmaK, class TmaKVStore>
+template <class TmaQ, class TmadO, class TmaK, class TmaV, class TmadK, class TmadV>
 struct BackwardKernelParams {
   BackwardParams attn;
   BackwardTileOrder order;  // which key tile each CTA takes (tile_scheduler.h)
   TmaQ tma_q;
-  TmaQ tma_do;
+  TmadO tma_do;
   TmaK tma_k;
-  TmaK tma_v;
-  TmaKVStore tma_dk;
-  TmaKVStore tma_dv;
+  TmaV tma_v;
+  TmadK tma_dk;
+  TmadV tma_dv;
 };
 
 // The consumers up to head dim 128 (64 keys a warpgroup). kSoftcap: soft-capped scores
@@ -287,8 +287,15 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
 
     // Epilogue (bwd_epilogue.h): dK and dV through K's and V's buffers (stmatrix), once both
     // warpgroups' last dQ GEMMs have read K.
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
+    Tensor rdK = convert_fragment<Element>(acc_dk);
+    Tensor rdV = convert_fragment<Element>(acc_dv);
     auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
-    store_dkv<Config>(params, smem, acc_dk, acc_dv, copy_dkv, sm.k, sm.v, n_block, head_kv, batch);
+    store_dkv<Config>(params, smem, [&](int epilogue_tid) {
+      stage_fragment(copy_dkv, rdK, sm.k, epilogue_tid);
+      stage_fragment(copy_dkv, rdV, sm.v, epilogue_tid);
+    }, n_block, head_kv, batch);
     ++kv_tiles;
   }
 }
@@ -312,9 +319,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     cutlass::arch::ClusterBarrier::init(&smem.writer_tile_empty, 1);
   }
   // A Q (dO) stage completes with its tile and its rows' lse (delta).
-  const int stage_bytes = Config::kQBytes + Config::kRowBytes;
-  Pipeline pipeline_q(smem.pipeline_q, tma_pipeline_params<Pipeline>(stage_bytes, Config::kMmaThreads), Shape<_1, _1, _1>{});
-  PipelinedO pipeline_do(smem.pipeline_do, tma_pipeline_params<PipelinedO>(stage_bytes, Config::kMmaThreads),
+  Pipeline pipeline_q(smem.pipeline_q,
+                      tma_pipeline_params<Pipeline>(Config::kQBytes + Config::kRowBytes, Config::kMmaThreads),
+                      Shape<_1, _1, _1>{});
+  PipelinedO pipeline_do(smem.pipeline_do,
+                         tma_pipeline_params<PipelinedO>(Config::kdOBytes + Config::kRowBytes, Config::kMmaThreads),
                          Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialised before any role uses them
   // Launched behind the pre-pass (bwd_launch.h): every role reads or adds to what it writes (the

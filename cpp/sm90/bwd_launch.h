@@ -34,9 +34,12 @@ template <> struct BackwardTile<128> { static constexpr int kBlockM = 64,  kBloc
 // D = 256: 80 keys a CTA, the warpgroups split the head dim, dQ is added from registers, one dO
 // buffer (bwd_config.h, bwd_mma_split.h).
 template <> struct BackwardTile<256> { static constexpr int kBlockM = 64,  kBlockN = 80,  kStages = 2; };
+// D = 192 (v's head dim 128: FA_HEAD_DIM_PAIRS), split as D = 256. 80 keys: at 96 ptxas spills
+// (8 bytes), at 112 it spills 888 bytes and serialises the wgmma (C7512).
+template <> struct BackwardTile<192> { static constexpr int kBlockM = 64,  kBlockN = 80,  kStages = 2; };
 
-template <class Element, int kHeadDim, class T = BackwardTile<kHeadDim>>
-using BackwardConfigFor = BackwardConfig<Element, kHeadDim, T::kBlockM, T::kBlockN, T::kStages>;
+template <class Element, int kHeadDim, int kHeadDimV = kHeadDim, class T = BackwardTile<kHeadDim>>
+using BackwardConfigFor = BackwardConfig<Element, kHeadDim, T::kBlockM, T::kBlockN, T::kStages, kHeadDimV>;
 
 // dQ = scale · workspace, converted and stored with dq's strides. The workspace holds, per query
 // tile, the main kernel's staged dQ tiles (Config::dq_staging_offset): each thread of this CTA
@@ -47,7 +50,7 @@ using BackwardConfigFor = BackwardConfig<Element, kHeadDim, T::kBlockM, T::kBloc
 // shared memory as the forward's output does (stmatrix into the 128-byte swizzle) and leave as
 // 16-byte row pieces, each warp writing whole rows.
 template <class Config>
-__global__ void __launch_bounds__(Config::kMmaThreads)
+__global__ void __launch_bounds__(Config::kdQThreads)
     backward_convert_dq_kernel(const __grid_constant__ BackwardParams p) {
   using namespace cute;
   using Element = typename Config::Element;
@@ -87,7 +90,7 @@ __global__ void __launch_bounds__(Config::kMmaThreads)
   Element* dq = static_cast<Element*>(p.dq) + seq.q_offset(p.dq_stride, batch, head) +
                 int64_t(row_begin) * p.dq_stride.row;
   store_rows<Config::kBlockM, Config::kHeadDim>(sdQ, dq, p.dq_stride.row, seq.seqlen_q - row_begin,
-                                                p.head_dim, tid, Config::kMmaThreads);
+                                                p.head_dim, tid, Config::kdQThreads);
 }
 
 template <class Config, bool kCausal, bool kSoftcap>
@@ -108,7 +111,8 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   int64_t l2_budget = Config::kL2SectionBudget;
   if (const char* mb = std::getenv("FA_BWD_L2_BUDGET_MB")) l2_budget = int64_t(std::max(0, std::atoi(mb))) << 20;
   const int group = p.heads_q / p.heads_kv;
-  const int64_t unit_bytes = int64_t(group) * p.seqlen_q_rounded * kHeadDim * (2 * sizeof(Element) + sizeof(float));
+  const int64_t unit_bytes = int64_t(group) * p.seqlen_q_rounded *
+                             ((kHeadDim + Config::kHeadDimV) * sizeof(Element) + kHeadDim * sizeof(float));
   const int n_blocks = (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
   if (int64_t(n_blocks) * p.heads_kv * p.batch > INT32_MAX) return cudaErrorInvalidConfiguration;  // a 1-D grid
   // Deterministic, the order is in sections even where not causal (tile_scheduler.h says why).
@@ -139,32 +143,32 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   // A varlen batch's packed tensors as one batch entry of total rows (bwd_load.h offsets each
   // sequence's tiles); its dK and dV are not stored by TMA (bwd_kernel.h), tma_dk/dv then unused.
   const auto [rows_q, rows_k, batches] = TensorExtents::of(p);
-  auto q_stage = take<0, 2>(typename Config::SmemLayoutQ{});
+  // Q, K, dK at q's head dim; dO, V, dV at v's (the same but in a pair's kernels).
   auto tma_q = make_tma_copy(SM90_TMA_LOAD{},
                              tma_view<Element>(static_cast<const Element*>(p.q), p.q_stride, rows_q,
                                                p.head_dim, p.heads_q, batches),
-                             q_stage, typename Config::TileQ{}, _1{});
+                             take<0, 2>(typename Config::SmemLayoutQ{}), typename Config::TileQ{}, _1{});
   auto tma_do = make_tma_copy(SM90_TMA_LOAD{},
                               tma_view<Element>(static_cast<const Element*>(p.dout), p.dout_stride,
-                                                rows_q, p.head_dim, p.heads_q, batches),
-                              q_stage, typename Config::TileQ{}, _1{});
-  auto kv_load = [&](const void* ptr, Strides s) {
-    return make_tma_copy(SM90_TMA_LOAD{},
-                         tma_view<Element>(static_cast<const Element*>(ptr), s, rows_k, p.head_dim,
-                                           p.heads_kv, batches),
-                         typename Config::SmemLayoutKV{}, typename Config::TileKV{}, _1{});
+                                                rows_q, p.head_dim_v, p.heads_q, batches),
+                              take<0, 2>(typename Config::SmemLayoutdO{}), typename Config::TileDO{}, _1{});
+  auto kv_tma = [&, keys = rows_k, entries = batches](auto op, auto layout, auto tile, const void* ptr, Strides s,
+                                                     int cols) {
+    return make_tma_copy(op,
+                         tma_view<Element>(static_cast<Element*>(const_cast<void*>(ptr)), s, keys, cols, p.heads_kv,
+                                           entries),
+                         layout, tile, _1{});
   };
-  auto kv_store = [&](void* ptr, Strides s) {
-    return make_tma_copy(SM90_TMA_STORE{},
-                         tma_view<Element>(static_cast<Element*>(ptr), s, rows_k, p.head_dim,
-                                           p.heads_kv, batches),
-                         typename Config::SmemLayoutKV{}, typename Config::TileKV{}, _1{});
-  };
-  auto tma_k = kv_load(p.k, p.k_stride);
-  auto tma_v = kv_load(p.v, p.v_stride);
-  auto tma_dk = kv_store(p.dk, p.dk_stride);
-  auto tma_dv = kv_store(p.dv, p.dv_stride);
-  using Params = BackwardKernelParams<decltype(tma_q), decltype(tma_k), decltype(tma_dk)>;
+  using SmemK = typename Config::SmemLayoutK;
+  using SmemV = typename Config::SmemLayoutV;
+  using TileK = typename Config::TileK;
+  using TileV = typename Config::TileV;
+  auto tma_k = kv_tma(SM90_TMA_LOAD{}, SmemK{}, TileK{}, p.k, p.k_stride, p.head_dim);
+  auto tma_v = kv_tma(SM90_TMA_LOAD{}, SmemV{}, TileV{}, p.v, p.v_stride, p.head_dim_v);
+  auto tma_dk = kv_tma(SM90_TMA_STORE{}, SmemK{}, TileK{}, p.dk, p.dk_stride, p.head_dim);
+  auto tma_dv = kv_tma(SM90_TMA_STORE{}, SmemV{}, TileV{}, p.dv, p.dv_stride, p.head_dim_v);
+  using Params = BackwardKernelParams<decltype(tma_q), decltype(tma_do), decltype(tma_k), decltype(tma_v),
+                                      decltype(tma_dk), decltype(tma_dv)>;
   Params params{p, order, tma_q, tma_do, tma_k, tma_v, tma_dk, tma_dv};
 
   auto kernel = &backward_kernel<Config, kCausal, kSoftcap, Params>;
@@ -177,13 +181,21 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
 
   const dim3 tile_grid((p.seqlen_q + Config::kBlockM - 1) / Config::kBlockM, p.heads_q, p.batch);
-  return launch_after_prior_grid(&backward_convert_dq_kernel<Config>, tile_grid, dim3(Config::kMmaThreads), 0,
+  return launch_after_prior_grid(&backward_convert_dq_kernel<Config>, tile_grid, dim3(Config::kdQThreads), 0,
                                  stream, p);
 }
 
 template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream) {
   return launch_backward<BackwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim>, kCausal, kSoftcap>(params, stream);
+}
+
+// v's head dim kHeadDimV below q's and k's kHeadDim (FA_HEAD_DIM_PAIRS; kHeadDim above 128, kHeadDimV
+// a multiple of 128: bwd_config.h).
+template <class ElementTag, int kHeadDim, int kHeadDimV, bool kCausal, bool kSoftcap>
+cudaError_t run_backward_dv(const BackwardParams& params, cudaStream_t stream) {
+  return launch_backward<BackwardConfigFor<cutlass_element_t<ElementTag>, kHeadDim, kHeadDimV>, kCausal, kSoftcap>(
+      params, stream);
 }
 
 }  // namespace fa::sm90

@@ -182,9 +182,9 @@ struct BackwardLoad {
 
     const TensorExtents ext = TensorExtents::of(p);
     Tensor mQ = params.tma_q.get_tma_tensor(make_shape(ext.rows_q, p.head_dim, p.heads_q, ext.batches));
-    Tensor mdO = params.tma_do.get_tma_tensor(make_shape(ext.rows_q, p.head_dim, p.heads_q, ext.batches));
+    Tensor mdO = params.tma_do.get_tma_tensor(make_shape(ext.rows_q, p.head_dim_v, p.heads_q, ext.batches));
     Tensor mK = params.tma_k.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
-    Tensor mV = params.tma_v.get_tma_tensor(make_shape(ext.rows_k, p.head_dim, p.heads_kv, ext.batches));
+    Tensor mV = params.tma_v.get_tma_tensor(make_shape(ext.rows_k, p.head_dim_v, p.heads_kv, ext.batches));
     const BackwardSmemTensors<Config> sm(smem);
 
     auto q_state = cutlass::make_producer_start_state<Pipeline>();
@@ -223,10 +223,9 @@ struct BackwardLoad {
       auto load_kv = [&]() {
         if (kv_tiles > 0) cutlass::arch::ClusterBarrier::wait(&smem.kv_empty, (kv_tiles - 1) % 2);
         if (leader) {
-          using TileKV = typename Config::TileKV;
-          auto [tKgK, tKsK] = tma_tile<TileKV>(params.tma_k, mK, sm.k, n_block, head_kv, b, seq.k_begin);
-          auto [tVgV, tVsV] = tma_tile<TileKV>(params.tma_v, mV, sm.v, n_block, head_kv, b, seq.k_begin);
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Config::kKVBytes);
+          auto [tKgK, tKsK] = tma_tile<typename Config::TileK>(params.tma_k, mK, sm.k, n_block, head_kv, b, seq.k_begin);
+          auto [tVgV, tVsV] = tma_tile<typename Config::TileV>(params.tma_v, mV, sm.v, n_block, head_kv, b, seq.k_begin);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.kv_full, Config::kKVBytes);
           copy(params.tma_k.with(smem.kv_full), tKgK, tKsK);
           copy(params.tma_v.with(smem.kv_full), tVgV, tVsV);
         }
@@ -235,11 +234,11 @@ struct BackwardLoad {
       // A tile by TMA and its rows' values (lse_log2 or delta) by a 1-D bulk copy, both completing
       // on the stage's full barrier.
       using Step = typename decltype(steps)::Step;
-      auto load = [&](Step const& step, auto& pipeline, auto& state, auto const& tma, auto const& m, auto& s,
-                      float* rows_smem, const float* rows_gmem) {
+      auto load = [&](Step const& step, auto tile_shape, auto& pipeline, auto& state, auto const& tma, auto const& m,
+                      auto& s, float* rows_smem, const float* rows_gmem) {
         pipeline.producer_acquire(state);
         if (leader) {
-          auto [tg, ts] = tma_tile<typename Config::TileQ>(tma, m, s, step.m_block, step.head, b, seq.q_begin);
+          auto [tg, ts] = tma_tile<decltype(tile_shape)>(tma, m, s, step.m_block, step.head, b, seq.q_begin);
           uint64_t* barrier = pipeline.producer_get_barrier(state);
           copy(tma.with(*barrier), tg, ts(_, state.index()));
         }
@@ -258,8 +257,10 @@ struct BackwardLoad {
       const bool kv_first = !waited && count > 0;  // the CTA's first tile: K and V before the wait
       if (kv_first) load_kv();
       for (auto step = steps.first_step(); step.t < count; steps.advance(step)) {
-        load(step, pipeline_q, q_state, params.tma_q, mQ, sm.q, smem.lse_log2.data(), p.lse_log2);
-        load(step, pipeline_do, do_state, params.tma_do, mdO, sm.dout, smem.delta.data(), p.delta);
+        load(step, typename Config::TileQ{}, pipeline_q, q_state, params.tma_q, mQ, sm.q, smem.lse_log2.data(),
+             p.lse_log2);
+        load(step, typename Config::TileDO{}, pipeline_do, do_state, params.tma_do, mdO, sm.dout, smem.delta.data(),
+             p.delta);
         if (step.t == 0 && !kv_first) load_kv();
       }
       if (has_keys && count == 0) load_kv();  // no step: the epilogue still stores zeros from K's and V's buffers

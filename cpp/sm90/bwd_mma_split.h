@@ -10,6 +10,9 @@
 //   of this one runs); once the slice is done, adds it to the workspace from registers (16-byte
 //   reductions); then the next slice (behind dK), kept for the next step; then releases Q.
 // Why this tile (80 keys rather than 64), and what it costs, in bwd_config.h and docs/tried.md.
+// At D = 192 (v's head dim 128) warpgroup 0 computes dQ's slices 0 and 2 and warpgroup 1 slice 1
+// and dKᵀ's last 64 rows (kAsymmetric, bwd_config.h): each adds its first slice within the step
+// (warpgroup 1: none) and its last in the next one.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -33,7 +36,7 @@ namespace fa::sm90 {
 // Slice s of the N mode of a wgmma operand or accumulator partition (MMA, MMA_N, ...) split into
 // kSlices: the same tensor with that mode of size MMA_N / kSlices.
 template <int kSlices, class Tensor>
-CUTE_DEVICE auto n_slice(Tensor&& t, int s) {
+CUTE_HOST_DEVICE auto n_slice(Tensor&& t, int s) {
   using namespace cute;
   return logical_divide(t, Shape<Underscore, Int<kSlices>>{})(_, make_coord(s, _), _);
 }
@@ -98,19 +101,36 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(typename Config::TileS{}));  // (query, key)
   auto score_coords = rowcol_view(tScS);
   constexpr int kRows = decltype(size<0>(score_coords))::value;  // query rows of this thread
-  // dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS.
+  // dVᵀ += dOᵀ P and dKᵀ += Qᵀ dS (its lead rows; the tail's below).
   typename Config::TiledMmadKV mma_dkv;
   auto wg_dkv = warpgroup_slice(mma_dkv, 1);
   Tensor tdVrdOt = wg_dkv.partition_fragment_A(sm.doutt);  // (MMA, MMA_M, MMA_K, stages)
   Tensor tdVrPt = wg_dkv.partition_fragment_B(sPt);    // (MMA, MMA_N, MMA_K, 2 buffers)
-  Tensor tdKrQt = wg_dkv.partition_fragment_A(sm.qt);
+  // kAsymmetric (D = 192, Config::kdQAsymmetric): warpgroup 1 also computes dKᵀ's tail rows (Qᵀ's
+  // last 64, all keys), and the warpgroups share dQ's three slices out (0 and 2, and 1).
+  constexpr bool kAsymmetric = Config::kdQAsymmetric;
+  const int wg = cutlass::canonical_warp_group_idx() - 1;  // consumer warpgroup 0 or 1 (warp-uniform)
+  auto qt_lead = [&] {
+    if constexpr (kAsymmetric) return make_tensor(make_smem_ptr(smem.q.data()), typename Config::SmemLayoutQtLead{});
+    else return sm.qt;
+  }();
+  Tensor tdKrQt = wg_dkv.partition_fragment_A(qt_lead);
   Tensor tdKrdSt = wg_dkv.partition_fragment_B(sm.dst);
-  // dQ = dS K, slice by slice of the head dim.
+  typename Config::TiledMmadKTail mma_dk_tail;
+  auto wg_dk_tail = mma_dk_tail.get_slice(0);  // one warpgroup's TiledMma
+  Tensor tdKrQtTail = wg_dk_tail.partition_fragment_A(
+      make_tensor(make_smem_ptr(smem.q.data() + Config::kQTailOffset), typename Config::SmemLayoutQtTail{}));
+  Tensor tdKrdStTail = wg_dk_tail.partition_fragment_B(sm.dst);
+  // dQ = dS K, slice by slice of the head dim: the first (dq_first) within the step, the last
+  // (dq_last) in the next one.
   typename Config::TiledMmadQ mma_dq;
-  auto wg_dq = warpgroup_slice(mma_dq, 1);
+  auto wg_dq = kAsymmetric ? mma_dq.get_slice(0) : warpgroup_slice(mma_dq, 1);
   Tensor tdQrdS = wg_dq.partition_fragment_A(sm.ds);     // (MMA, MMA_M, MMA_K, 2 buffers)
   Tensor tdQrKt = wg_dq.partition_fragment_B(sm.kt);     // (MMA, kSlices, MMA_K)
   static_assert(decltype(size<1>(tdQrKt))::value == kSlices);
+  const int dq_first = kAsymmetric ? wg : 0;
+  const int dq_last = kAsymmetric ? 2 - wg : kSlices - 1;
+  const int dq_tid = kAsymmetric ? mma_tid % 128 : mma_tid;  // the thread of TiledMmadQ
   // P and dS: registers -> shared memory, transposed (each 8 × 8 block by stmatrix .trans).
   auto copy_pds = make_tiled_copy_C(Copy_Atom<SM90_U16x4_STSM_T, Element>{}, mma_sdp);
   auto thr_copy_pds = copy_pds.get_thread_slice(mma_tid);
@@ -123,7 +143,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
   // store: the tile's first addition in the deterministic order (common/dq_claims.h).
   auto add_dq = [&](float* dq_tile, int s, auto const& acc_dq, bool store) {
     constexpr int kVectors = decltype(size(acc_dq))::value / 4;
-    float* first = dq_tile + Config::dq_staging_offset(mma_tid, s * size(acc_dq));
+    float* first = dq_tile + Config::dq_staging_offset(dq_tid, s * size(acc_dq));
     for_each(make_int_sequence<kVectors>{}, [&](auto v) {
       constexpr int i = decltype(v)::value * 4;
       // The vector's offset from the slice's first, the same for every thread (and every slice).
@@ -151,10 +171,12 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
     const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv);
     const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
     const int key_begin = n_block * kBlockN;
-    Tensor acc_dk = partition_fragment_C(mma_dkv, typename Config::TileKVt{});  // head dim × keys
-    Tensor acc_dv = partition_fragment_C(mma_dkv, typename Config::TileKVt{});
+    Tensor acc_dk = partition_fragment_C(mma_dkv, typename Config::TileKtLead{});  // head dim × keys
+    Tensor acc_dv = partition_fragment_C(mma_dkv, typename Config::TileVt{});
+    Tensor acc_dk_tail = partition_fragment_C(mma_dk_tail, typename Config::TileKtTail{});  // warpgroup 1's
     clear(acc_dk);
     clear(acc_dv);
+    if constexpr (kAsymmetric) clear(acc_dk_tail);
     // Waited for even with no step: the epilogue reuses K's and V's buffers.
     cutlass::arch::ClusterBarrier::wait(&smem.kv_full, kv_tiles % 2);
 
@@ -180,7 +202,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       // ptxas waits for this S before dP is issued (C7517: dP's accumulator takes registers these
       // reductions read); the drain runs under S all the same.
       if (t > 0) {
-        add_dq(dq_tile_last, kSlices - 1, acc_dq, store_last);
+        add_dq(dq_tile_last, dq_last, acc_dq, store_last);
         if constexpr (kDeterministic) barrier_arrive(BackwardBarrier::kTurnDone, kKeeperThreads);
       }
       CUTE_UNROLL
@@ -242,9 +264,29 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdVrdOt(_, _, _, do_stage),
                                                              tdVrPt(_, _, _, buffer), acc_dv);
       forget_values(acc_dq);  // the last slice's values are dead once added: not live through S, dP, P and dS
-      gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, 0), acc_dq);
-      gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrQt(_, _, _, q_stage),
-                                                             tdKrdSt(_, _, _, buffer), acc_dk);
+      gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, dq_first),
+                                                            acc_dq);
+      if constexpr (kAsymmetric) {
+        // dK's lead and (warpgroup 1) tail rows in one commit group: the waits below count the same.
+        warpgroup_fence_operand(acc_dk);
+        warpgroup_fence_operand(acc_dk_tail);
+        if (wg == 1) {
+          warpgroup_arrive();
+          gemm_issue</*kZeroInit=*/false>(mma_dkv, tdKrQt(_, _, _, q_stage), tdKrdSt(_, _, _, buffer), acc_dk);
+          gemm_issue</*kZeroInit=*/false>(mma_dk_tail, tdKrQtTail(_, _, _, q_stage), tdKrdStTail(_, _, _, buffer),
+                                          acc_dk_tail);
+          warpgroup_commit_batch();
+        } else {
+          warpgroup_arrive();
+          gemm_issue</*kZeroInit=*/false>(mma_dkv, tdKrQt(_, _, _, q_stage), tdKrdSt(_, _, _, buffer), acc_dk);
+          warpgroup_commit_batch();
+        }
+        warpgroup_fence_operand(acc_dk);
+        warpgroup_fence_operand(acc_dk_tail);
+      } else {
+        gemm_async</*kZeroInit=*/false, /*kRegisterA=*/false>(mma_dkv, tdKrQt(_, _, _, q_stage),
+                                                               tdKrdSt(_, _, _, buffer), acc_dk);
+      }
       float* dq_tile = p.dq_accum + steps.workspace_row(p, seq, batch, step) * Config::kHeadDim;
       gemm_wait<2>(acc_dv);  // dV done: dO's buffer is free for the next step's
       pipeline_do.consumer_release(do_state);
@@ -255,12 +297,24 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
         store = dq_turn(mask, n_block, row_begin, kBlockN) == 0;
         barrier_sync(BackwardBarrier::kTurnReady, kKeeperThreads);
       }
-      add_dq(dq_tile, 0, acc_dq, store);
-      CUTE_UNROLL
-      for (int s = 1; s < kSlices; ++s) {
-        gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, s), acc_dq);
-        gemm_wait<0>(acc_dq);
-        if (s < kSlices - 1) add_dq(dq_tile, s, acc_dq, store);
+      if constexpr (kAsymmetric) {
+        if (wg == 0) {  // slice 0 added, slice 2 computed (added in the next step)
+          add_dq(dq_tile, 0, acc_dq, store);
+          gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, 2),
+                                                                acc_dq);
+        }
+        gemm_wait<0>(acc_dk);  // (warpgroup 1: its slice 1 is added in the next step)
+        warpgroup_fence_operand(acc_dq);
+        warpgroup_fence_operand(acc_dk_tail);
+      } else {
+        add_dq(dq_tile, 0, acc_dq, store);
+        CUTE_UNROLL
+        for (int s = 1; s < kSlices; ++s) {
+          gemm_async</*kZeroInit=*/true, /*kRegisterA=*/false>(mma_dq, tdQrdS_buffer, n_slice<kSlices>(tdQrKt, s),
+                                                                acc_dq);
+          gemm_wait<0>(acc_dq);
+          if (s < kSlices - 1) add_dq(dq_tile, s, acc_dq, store);
+        }
       }
       dq_tile_last = dq_tile;
       store_last = store;
@@ -269,13 +323,38 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       ++q_state;
     }
     if (steps.count > 0) {
-      add_dq(dq_tile_last, kSlices - 1, acc_dq, store_last);
+      add_dq(dq_tile_last, dq_last, acc_dq, store_last);
       if constexpr (kDeterministic) barrier_arrive(BackwardBarrier::kTurnDone, kKeeperThreads);
     }
 
     // dKᵀ and dVᵀ to K's and V's buffers through their transposed views (stmatrix .trans).
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
+    Tensor rdK = convert_fragment<Element>(acc_dk);
+    Tensor rdV = convert_fragment<Element>(acc_dv);
     auto copy_dkv = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_dkv);
-    store_dkv<Config>(params, smem, acc_dk, acc_dv, copy_dkv, sm.kt, sm.vt, n_block, head_kv, batch);
+    if constexpr (kAsymmetric) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dk_tail); ++i) acc_dk_tail(i) *= p.scale;
+      Tensor rdKTail = convert_fragment<Element>(acc_dk_tail);
+      auto copy_tail = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_dk_tail);
+      store_dkv<Config>(params, smem, [&](int epilogue_tid) {
+        stage_fragment(copy_dkv, rdK, make_tensor(make_smem_ptr(smem.k.data()), typename Config::SmemLayoutKtLead{}),
+                       epilogue_tid);
+        if (epilogue_tid >= 128) {
+          stage_fragment(copy_tail, rdKTail,
+                         make_tensor(make_smem_ptr(smem.k.data() + Config::kKTailOffset),
+                                     typename Config::SmemLayoutKtTail{}),
+                         epilogue_tid - 128);
+        }
+        stage_fragment(copy_dkv, rdV, sm.vt, epilogue_tid);
+      }, n_block, head_kv, batch);
+    } else {
+      store_dkv<Config>(params, smem, [&](int epilogue_tid) {
+        stage_fragment(copy_dkv, rdK, sm.kt, epilogue_tid);
+        stage_fragment(copy_dkv, rdV, sm.vt, epilogue_tid);
+      }, n_block, head_kv, batch);
+    }
     ++kv_tiles;
   }
 }

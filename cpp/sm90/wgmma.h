@@ -27,6 +27,19 @@ CUTE_DEVICE auto warpgroup_slice(TiledMma const& mma, int first_warpgroup) {
   return mma.get_slice((cutlass::canonical_warp_group_idx() - first_warpgroup) * cutlass::NumThreadsPerWarpGroup);
 }
 
+// The wgmma instructions of acc (=|+=) A · B, inside a commit group the caller opens and closes
+// (gemm_async's, or one that holds two GEMMs).
+template <bool kZeroInit, class TiledMma, class TA, class TB, class TC>
+CUTE_DEVICE void gemm_issue(TiledMma& mma, TA&& a, TB const& b, TC& acc) {
+  using namespace cute;
+  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    gemm(mma, a(_, _, k), b(_, _, k), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+}
+
 // acc (=|+=) A · B. kZeroInit: acc = A · B (the wgmma scale-out of 0 on the first K slice).
 // kRegisterA: A is a register fragment (else, like B, wgmma descriptors of shared memory).
 template <bool kZeroInit, bool kRegisterA, class TiledMma, class TA, class TB, class TC>
@@ -35,12 +48,7 @@ CUTE_DEVICE void gemm_async(TiledMma& mma, TA&& a, TB const& b, TC& acc) {
   if constexpr (kRegisterA) warpgroup_fence_operand(a);
   warpgroup_fence_operand(acc);
   warpgroup_arrive();
-  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    gemm(mma, a(_, _, k), b(_, _, k), acc);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
+  gemm_issue<kZeroInit>(mma, a, b, acc);
   warpgroup_commit_batch();
   warpgroup_fence_operand(acc);
   if constexpr (kRegisterA) warpgroup_fence_operand(a);

@@ -350,12 +350,13 @@ void copy_narrowed(Tensor& dst, Tensor& src) {
 #define FA_EACH_PAIR(CASE) CASE(128, 64) CASE(192, 64) CASE(192, 128) CASE(256, 64) CASE(256, 128) CASE(256, 192)
 
 // Calls fn(ElementTag{}, integral_constant<D>{}, integral_constant<Dv>{}, bool_constant<causal>{})
-// for a pair's kernels (those of FA_EACH_PAIR this build holds).
-template <class Fn>
+// for a pair's kernels in the direction (those of FA_EACH_PAIR this build holds).
+template <Direction kDirection, class Fn>
 cudaError_t dispatch_pair(ScalarType dtype, const Kernels& kernels, bool causal, const char* op, Fn&& fn) {
   auto with_dims = [&](auto tag) -> cudaError_t {
 #define FA_PAIR_CASE(D, DV)                                                                        \
-  if constexpr (build_config::has_sm90_head_dim_pair(D, DV)) {                                     \
+  if constexpr (kDirection == Direction::kForward ? build_config::has_sm90_head_dim_pair(D, DV)    \
+                                                  : build_config::has_sm90_backward_head_dim_pair(D, DV)) { \
     if (kernels.head_dim == D && kernels.head_dim_v == DV) {                                       \
       using Dims = std::pair<std::integral_constant<int, D>, std::integral_constant<int, DV>>;     \
       if (causal) return fn(tag, typename Dims::first_type{}, typename Dims::second_type{}, std::true_type{}); \
@@ -448,7 +449,7 @@ void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kerne
   if (kernels.family == Family::kSm90) {
     const std::optional<Tensor> tile_counter = sm90_tile_counter(p, q, causal, stream, op);
     if (kernels.head_dim_v != 0) {
-      err = dispatch_pair(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto hdv, auto c) {
+      err = dispatch_pair<Direction::kForward>(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto hdv, auto c) {
         return sm90::run_forward_dv<decltype(tag), decltype(hd)::value, decltype(hdv)::value, decltype(c)::value,
                                     false>(p, stream);
       });
@@ -832,7 +833,12 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
 
   const cudaStream_t stream = current_stream(q);
   cudaError_t err;
-  if (kernels.family == Family::kSm90) {
+  if (kernels.family == Family::kSm90 && kernels.head_dim_v != 0) {
+    err = dispatch_pair<Direction::kBackward>(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto hdv, auto c) {
+      return sm90::run_backward_dv<decltype(tag), decltype(hd)::value, decltype(hdv)::value, decltype(c)::value,
+                                   false>(p, stream);
+    });
+  } else if (kernels.family == Family::kSm90) {
     err = dispatch<Family::kSm90, Direction::kBackward>(q.scalar_type(), kernels, causal, op, [&](auto tag, auto hd, auto c, auto sc) {
       return sm90::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value, decltype(sc)::value>(p, stream);
     });
@@ -844,12 +850,30 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   if (err != cudaSuccess) raise_launch_error(err, q, op);
 }
 
-// The backward's kernels for the call, padded to one head dim where v's differs from q's and k's
-// (widened, above: the backward kernels take one head dim).
+// The Hopper backward's kernels for v's head dim apart from q's and k's: the smallest pair of
+// FA_HEAD_DIM_PAIRS that its backward has (D above 128, Dv a multiple of 128) holding D and Dv,
+// where one serves the call (as pair_forward_kernels); else none, and the call runs padded.
+std::optional<Kernels> pair_backward_kernels(const std::string& arch, const AttentionShape& s, bool softcap,
+                                             const char* op) {
+  if (arch != "90a" || softcap || family_setting(op) == "sm80") return std::nullopt;
+  const HeadDimPair best = smallest_pair_at_least(build_config::kSm90BackwardHeadDimPairs, s.head_dim, s.head_dim_v);
+  if (best.head_dim == 0) return std::nullopt;
+  return Kernels{Family::kSm90, best.head_dim, false, best.head_dim_v};
+}
+
+// The backward's kernels for the call: for v's head dim apart from q's and k's the Hopper backward's
+// pair kernels where they serve it, else those of one head dim on padded copies (widened, above).
 void backward_any_head_dims(BackwardParams& p, const Tensor& dout, const Tensor& q, const Tensor& k,
                             const Tensor& v, const Tensor& out, const Tensor& lse, Gradients& g,
                             const AttentionShape& s, float scale, const Variant& variant, bool deterministic,
                             const std::string& arch, const char* op) {
+  if (s.head_dim_v != s.head_dim) {
+    if (const std::optional<Kernels> pair = pair_backward_kernels(arch, s, variant.softcap > 0, op)) {
+      run_backward_kernels(p, BackwardInputs(dout, q, k, v, out, lse), g, s, scale, *pair, variant, deterministic,
+                           op);
+      return;
+    }
+  }
   const int64_t d = std::max(s.head_dim, s.head_dim_v);
   const Kernels kernels = backward_kernels(arch, d, variant.softcap > 0, op);
   if (s.head_dim_v == s.head_dim) {

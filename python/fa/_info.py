@@ -79,6 +79,8 @@ def build_info() -> Dict[str, Any]:
         },
         # The Hopper forward's kernels for v's head dim below q's and k's, as "D/Dv" (FA_HEAD_DIM_PAIRS).
         "sm90_head_dim_pairs": _split(getattr(cfg, "sm90_head_dim_pairs", "")) if cfg else [],
+        # Those its backward has (D above 128, Dv a multiple of 128); the others' backward runs padded.
+        "sm90_backward_head_dim_pairs": _split(getattr(cfg, "sm90_backward_head_dim_pairs", "")) if cfg else [],
         # KV-cache kernels for float8_e4m3fn caches (FA_FP8_KV_HEAD_DIMS): a head dim runs on the next one.
         "fp8_kv_cache_head_dims": (
             [int(d) for d in _split(getattr(cfg, "fp8_kv_cache_head_dims", ""))] if cfg else []),

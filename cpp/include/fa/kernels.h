@@ -81,10 +81,15 @@ cudaError_t run_forward_dv(const ForwardParams& params, cudaStream_t stream);
 template <int kHeadDim, bool kCausal, int kHeadDimV>
 cudaError_t run_forward_fp8(const ForwardParams& params, cudaStream_t stream);
 
-// Native head dims 64 and 128; params.lse_log2 must be set, and the dQ workspace is laid out in
+// Native head dims 64, 128 and 256; params.lse_log2 must be set, and the dQ workspace is laid out in
 // the kernel's own tile order (sm90/bwd_config.h), not row-major.
 template <class ElementTag, int kHeadDim, bool kCausal, bool kSoftcap>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);
+
+// The backward with v's head dim kHeadDimV below q's and k's kHeadDim: the pairs of
+// FA_HEAD_DIM_PAIRS with kHeadDim above 128 and kHeadDimV a multiple of 128.
+template <class ElementTag, int kHeadDim, int kHeadDimV, bool kCausal, bool kSoftcap>
+cudaError_t run_backward_dv(const BackwardParams& params, cudaStream_t stream);
 
 }  // namespace sm90
 }  // namespace fa
