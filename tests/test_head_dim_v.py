@@ -84,14 +84,19 @@ def test_output_layout_follows_q():
     assert out.shape == (1, 4, 50, 128) and out.transpose(1, 2).is_contiguous()
 
 
+# The CUDA tile tests' masks (several key and query tiles each) and dtypes.
+TILE_MASKS = pytest.mark.parametrize("causal,window,sinks", [(False, (-1, -1), False), (True, (-1, 0), False),
+                                                              (True, (300, 0), True), (False, (200, 150), False)],
+                                     ids=["full", "causal", "window-sinks", "two-sided"])
+DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("causal,window,sinks", [(False, (-1, -1), False), (True, (-1, 0), False),
-                                                 (True, (300, 0), True), (False, (200, 150), False)],
-                         ids=["full", "causal", "window-sinks", "two-sided"])
+@TILE_MASKS
 @pytest.mark.parametrize("shape", [(2, 8, 2, 333, 517, 192, 128), (1, 3, 3, 1000, 700, 192, 128),
                                    (1, 4, 1, 257, 257, 160, 96)],
                          ids=["gqa-sq<sk", "sq>sk", "d160-dv96"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@DTYPES
 def test_forward_tiles(device, shape, causal, window, sinks, dtype):
     """The CUDA forward over several query and key tiles (odd lengths, GQA, rows that see no key
     where sq > sk causal), masks, sinks, both dtypes, magnitudes of 4, against a float64 reference:
@@ -111,13 +116,11 @@ def test_forward_tiles(device, shape, causal, window, sinks, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("causal,window,sinks", [(False, (-1, -1), False), (True, (-1, 0), False),
-                                                 (True, (300, 0), True), (False, (200, 150), False)],
-                         ids=["full", "causal", "window-sinks", "two-sided"])
+@TILE_MASKS
 @pytest.mark.parametrize("shape", [(2, 8, 2, 333, 517, 192, 128), (1, 3, 3, 1000, 700, 192, 128),
                                    (1, 4, 1, 257, 301, 176, 112)],
                          ids=["gqa-sq<sk", "sq>sk", "d176-dv112"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@DTYPES
 def test_gradient_tiles(device, shape, causal, window, sinks, dtype):
     """The CUDA backward over several query and key tiles (odd lengths, GQA, rows that see no key
     where sq > sk causal, a pair that runs on 192/128 with zero-filled columns), masks, sinks, both

@@ -313,20 +313,26 @@ void check_one_head_dim(const AttentionShape& s, const char* op) {
            "CPU path takes both)");
 }
 
-// The Hopper forward's kernels for v's head dim apart from q's and k's: the smallest pair D'/Dv' of
-// FA_HEAD_DIM_PAIRS with D' >= D and Dv' >= Dv (its tiles zero-fill the columns past D and Dv), where
-// one serves the call (a 90a device, the family not forced to sm80, no soft-capping); else none,
-// and the call runs padded (forward_any_head_dims).
-std::optional<Kernels> pair_forward_kernels(const std::string& arch, const AttentionShape& s, bool softcap,
-                                            const char* op) {
+// The Hopper kernels in the direction for v's head dim apart from q's and k's: the smallest pair
+// D'/Dv' of FA_HEAD_DIM_PAIRS (the backward: those with D' above 128 and Dv' a multiple of 128) with
+// D' >= D and Dv' >= Dv (its tiles zero-fill the columns past D and Dv), where one serves the call
+// (a 90a device, the family not forced to sm80, no soft-capping); else none, and the call runs
+// padded (forward_any_head_dims, backward_any_head_dims).
+template <Direction kDirection>
+std::optional<Kernels> pair_kernels(const std::string& arch, const AttentionShape& s, bool softcap, const char* op) {
   if (arch != "90a" || softcap || family_setting(op) == "sm80") return std::nullopt;
-  const HeadDimPair best = smallest_pair_at_least(build_config::kSm90ForwardHeadDimPairs, s.head_dim, s.head_dim_v);
+  HeadDimPair best;
+  if constexpr (kDirection == Direction::kForward) {
+    best = smallest_pair_at_least(build_config::kSm90ForwardHeadDimPairs, s.head_dim, s.head_dim_v);
+  } else {
+    best = smallest_pair_at_least(build_config::kSm90BackwardHeadDimPairs, s.head_dim, s.head_dim_v);
+  }
   if (best.head_dim == 0) return std::nullopt;
   return Kernels{Family::kSm90, best.head_dim, false, best.head_dim_v};
 }
 
-// v's head dim apart from q's and k's where no kernel takes the two (the backward, the Ampere family,
-// soft-capping, a pair this build lacks): the kernels of one head dim, d = max(D, Dv), on copies
+// v's head dim apart from q's and k's where no kernel takes the two (another pair's backward, the
+// Ampere family, soft-capping, a pair this build lacks): the kernels of one head dim, d = max(D, Dv), on copies
 // of the narrower tensors zero-padded to d. Zero columns change no score (q's and k's), and add
 // zero columns to the output and dV (v's), which are dropped; dO's and O's zero columns leave
 // rowsum(dO ∘ O) as it is. Correct, at the cost of the copies and of the padded columns' work.
@@ -500,7 +506,7 @@ void forward_any_head_dims(ForwardParams& p, ForwardOutputs& o, const Tensor& q,
     forward_into(p, o, q, k, v, s, scale, variant, forward_kernels(arch, s.head_dim, softcap, op), op);
     return;
   }
-  if (const std::optional<Kernels> pair = pair_forward_kernels(arch, s, softcap, op)) {
+  if (const std::optional<Kernels> pair = pair_kernels<Direction::kForward>(arch, s, softcap, op)) {
     forward_into(p, o, q, k, v, s, scale, variant, *pair, op);
     return;
   }
@@ -850,17 +856,6 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   if (err != cudaSuccess) raise_launch_error(err, q, op);
 }
 
-// The Hopper backward's kernels for v's head dim apart from q's and k's: the smallest pair of
-// FA_HEAD_DIM_PAIRS that its backward has (D above 128, Dv a multiple of 128) holding D and Dv,
-// where one serves the call (as pair_forward_kernels); else none, and the call runs padded.
-std::optional<Kernels> pair_backward_kernels(const std::string& arch, const AttentionShape& s, bool softcap,
-                                             const char* op) {
-  if (arch != "90a" || softcap || family_setting(op) == "sm80") return std::nullopt;
-  const HeadDimPair best = smallest_pair_at_least(build_config::kSm90BackwardHeadDimPairs, s.head_dim, s.head_dim_v);
-  if (best.head_dim == 0) return std::nullopt;
-  return Kernels{Family::kSm90, best.head_dim, false, best.head_dim_v};
-}
-
 // The backward's kernels for the call: for v's head dim apart from q's and k's the Hopper backward's
 // pair kernels where they serve it, else those of one head dim on padded copies (widened, above).
 void backward_any_head_dims(BackwardParams& p, const Tensor& dout, const Tensor& q, const Tensor& k,
@@ -868,7 +863,7 @@ void backward_any_head_dims(BackwardParams& p, const Tensor& dout, const Tensor&
                             const AttentionShape& s, float scale, const Variant& variant, bool deterministic,
                             const std::string& arch, const char* op) {
   if (s.head_dim_v != s.head_dim) {
-    if (const std::optional<Kernels> pair = pair_backward_kernels(arch, s, variant.softcap > 0, op)) {
+    if (const std::optional<Kernels> pair = pair_kernels<Direction::kBackward>(arch, s, variant.softcap > 0, op)) {
       run_backward_kernels(p, BackwardInputs(dout, q, k, v, out, lse), g, s, scale, *pair, variant, deterministic,
                            op);
       return;
