@@ -93,7 +93,6 @@ struct BackwardConfig {
   using SmemLayoutdOt = TransposedLayout<SmemLayoutdO>;
   using SmemLayoutK = decltype(cute::tile_to_shape(SmemAtom{}, TileK{}));
   using SmemLayoutV = decltype(cute::tile_to_shape(SmemAtom{}, TileV{}));
-  using SmemLayoutKV = SmemLayoutK;  // keys split (one head dim)
   using SmemLayoutKt = TransposedLayout<SmemLayoutK>;
   using SmemLayoutVt = TransposedLayout<SmemLayoutV>;
   // dKᵀ's lead and tail rows (split head dim) in Qᵀ's and Kᵀ's buffers: Q's (K's) columns [0, lead)

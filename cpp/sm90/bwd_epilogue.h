@@ -5,7 +5,6 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include "common/fragment_convert.h"
 #include "common/sequence.h"
 #include "fa/params.h"
 #include "sm90/bwd_config.h"
