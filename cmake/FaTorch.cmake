@@ -38,6 +38,7 @@ set(FA_TORCH_TARGET_VERSION "0x0209000000000000")
 function(fa_use_torch_stable_abi target)
   cmake_parse_arguments(ARG "CUDA" "" "" ${ARGN})
   target_include_directories(${target} SYSTEM PRIVATE "${FA_TORCH_DIR}/include")
+  target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/cpp/include")  # fa/params.h
   target_compile_definitions(${target} PRIVATE TORCH_TARGET_VERSION=${FA_TORCH_TARGET_VERSION})
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fopenmp-simd>)
   # Nothing but the op registrations (static initialisers) is needed from outside: export nothing,

@@ -37,6 +37,15 @@ CUTE_DEVICE float quad_allreduce(float x, Op op) {
   return x;
 }
 
+// 1 where cond holds, else 0, as a count the compilers cannot bound: a loop of that many trips
+// stays a branch where ptxas would otherwise predicate its body, whose instructions then take
+// their issue slots also where cond is false. For rarely taken work in a loop bound by issue.
+CUTE_DEVICE int trips_if(bool cond) {
+  int trips = cond ? 1 : 0;
+  asm volatile("mov.b32 %0, %0;" : "+r"(trips));
+  return trips;
+}
+
 struct MaxOp {
   CUTE_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }
 };
@@ -102,15 +111,24 @@ struct OnlineSoftmax {
   // accumulator element. Where a row's reference max did not move its correction is exactly 1, so
   // the warp skips the multiplies when none of its rows moved: every tile but a row's first, unless
   // its scores jump by more than kRescaleThreshold. The test is warp-uniform.
-  template <class AccO>
+  // ptxas may turn that branch into multiplies predicated off, which take their issue slots in
+  // every tile; kKeepBranch keeps it a branch (trips_if), for a mainloop bound by issue (the decode
+  // kernel).
+  template <bool kKeepBranch = false, class AccO>
   CUTE_DEVICE void rescale_output(AccO& acc_o) {
     using namespace cute;
-    if (__any_sync(0xffffffffu, max_moved_)) {
+    auto multiply = [&] {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
         for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= correction_[r];
       }
+    };
+    if constexpr (kKeepBranch) {
+#pragma unroll 1
+      for (int t = trips_if(__any_sync(0xffffffffu, max_moved_)); t > 0; --t) multiply();
+    } else if (__any_sync(0xffffffffu, max_moved_)) {
+      multiply();
     }
   }
 

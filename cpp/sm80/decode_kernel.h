@@ -41,8 +41,9 @@
 //     of a 16-key slice at one head-dim column, so it loads 4 bytes of each of those rows (4
 //     columns) and pairs bytes with byte_perm. The output's columns come out permuted: an
 //     accumulator column n holds head-dim column fp8_output_column(n), undone at the merge.
-// The scores are multiplied by the (batch, kv head)'s k_descale (and 2^112 for bf16 queries: the
-// keys' re-encoding), the output by its v_descale.
+// S = Q Kᵀ runs in fp16 whatever q's dtype: a bf16 query is converted once, in shared memory, each
+// row scaled by a power of two into fp16's range (fp8_kv.h), and the scores are multiplied by that
+// row's factor back and the (batch, kv head)'s k_descale; the output by its v_descale.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -89,6 +90,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   using namespace cute;
   using Element = typename Config::Element;
   using ElementKV = typename Config::ElementKV;
+  using ElementQK = typename Config::ElementQK;
   using ElementPV = typename Config::ElementPV;
   constexpr bool kFp8 = Config::kFp8;
   constexpr int kRows = Config::kRows;
@@ -125,12 +127,14 @@ __global__ void __launch_bounds__(Config::kThreads)
   // Shared memory: the query rows, then each warp's kStages K buffers and kStages V buffers.
   constexpr int kKVElems = Config::kKVInBytes / int(sizeof(ElementKV));
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Config::SmemLayoutQ{});
+  // The query rows as S = Q Kᵀ reads them: fp16 with an FP8 cache (a bf16 query is converted in place).
+  Tensor sQk = make_tensor(make_smem_ptr(reinterpret_cast<ElementQK*>(smem)), typename Config::SmemLayoutQ{});
   char* warp_smem = smem + Config::kQBytes + warp * Config::kWarpBytes;
   ElementKV* warp_kv = reinterpret_cast<ElementKV*>(warp_smem);
   Tensor sK = make_tensor(make_smem_ptr(warp_kv), typename Config::SmemLayoutKVIn{});  // buffer 0's
   Tensor sV = make_tensor(make_smem_ptr(warp_kv + kStages * kKVElems), typename Config::SmemLayoutKVIn{});
   // Buffer 0's K and V as the 16-bit GEMMs read them (an FP8 cache's: only their shapes are used).
-  Tensor sKg = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(warp_smem)), typename Config::SmemLayoutKV{});
+  Tensor sKg = make_tensor(make_smem_ptr(reinterpret_cast<ElementQK*>(warp_smem)), typename Config::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<ElementPV*>(warp_smem + Config::kKVInBytes * kStages)),
                            typename Config::SmemLayoutVt{});
   // A view of buffer `stage`: a compile-time constant for 16-bit caches (an immediate offset, a
@@ -164,18 +168,40 @@ __global__ void __launch_bounds__(Config::kThreads)
       rows_of(params.v, seq.k_offset(params.v_stride, batch, tile_rows.head_kv), params.v_stride), KVTile{},
       make_coord(_, 0)));
   // This warp's slice of key tile n into buffer `stage`; only the last tile can be partial
-  // (check_rows). A paged cache's rows are gathered through the page table, row by row.
+  // (check_rows). A paged cache's rows are gathered through the page table. An FP8 cache's tiles
+  // look up each group of kPageRows keys once (a page holds whole groups), for K's rows and V's;
+  // a 16-bit cache's each row (docs/tried.md: with the group look-up and O's rescale as a branch,
+  // the 16-bit tiles' paged-16 row ran 8% slower).
   auto load_slice = [&](int n, auto stage, auto check_rows) {
     const int slice = n * kWarps + warp;
     const int keys_left = seq.seqlen_k - slice * kWarpKeys;
     if (params.page_table != nullptr) {
       const int* pages = params.page_table + batch * params.page_table_stride;
+      constexpr int kGroups = kFp8 ? kWarpKeys / kPageRows : 1;
+      static_assert(kWarpKeys % kPageRows == 0 && kGroups <= 2);
+      int group_page[kGroups], group_row[kGroups];  // (FP8) each group's page and its first key's row there
+      if constexpr (kFp8) {
+        CUTE_UNROLL
+        for (int g = 0; g < kGroups; ++g) {
+          // A group past the cache's end zero-fills: its page must still be in the table.
+          const int key = min(slice * kWarpKeys + g * kPageRows, seq.seqlen_k - 1);
+          group_page[g] = pages[key / params.page_size];
+          group_row[g] = key % params.page_size;
+        }
+      }
       auto gather = [&](const void* base, const Strides& s, auto&& dst) {
         const ElementKV* head_base = static_cast<const ElementKV*>(base) + tile_rows.head_kv * s.head;
-        copy_rows_zero_fill(gmem_copy_kv, [&](int row) {
-          // A slice past the cache's end zero-fills: its first row's page must still be in the table.
-          const int key = min(slice * kWarpKeys + row, seq.seqlen_k - 1);
-          return head_base + int64_t(pages[key / params.page_size]) * s.batch + int64_t(key % params.page_size) * s.row;
+        copy_rows_zero_fill(gmem_copy_kv, [&](int row) {  // (a row past the end: row 0's address)
+          if constexpr (kFp8) {
+            const bool second = kGroups > 1 && row >= kPageRows;  // a select, not an indexed array
+            return head_base + int64_t(second ? group_page[kGroups - 1] : group_page[0]) * s.batch +
+                   int64_t((second ? group_row[kGroups - 1] : group_row[0]) + row % kPageRows) * s.row;
+          } else {
+            // A slice past the cache's end zero-fills: its first row's page must still be in the table.
+            const int key = min(slice * kWarpKeys + row, seq.seqlen_k - 1);
+            return head_base + int64_t(pages[key / params.page_size]) * s.batch +
+                   int64_t(key % params.page_size) * s.row;
+          }
         }, dst, tKVcKV, col_ok, keys_left);
       };
       gather(params.k, params.k_stride, pick(stage, tKsK));
@@ -219,7 +245,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   auto thr_mma = mma.get_thread_slice(lane);
   typename Config::TiledMmaO mma_o;  // the same layouts (ElementPV: fp16 for an FP8 cache)
   auto thr_mma_o = mma_o.get_thread_slice(lane);
-  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K)
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQk);  // (MMA, MMA_M, MMA_K)
   Tensor tSrK = thr_mma.partition_fragment_B(sKg);
   Tensor tOrVt = thr_mma_o.partition_fragment_B(sVt);
   Tensor acc_o = partition_fragment_C(mma_o, QTile{});
@@ -228,20 +254,19 @@ __global__ void __launch_bounds__(Config::kThreads)
 
   auto smem_copy_q = make_tiled_copy_A(typename Config::SmemCopyAtom{}, mma);
   auto smem_thr_q = smem_copy_q.get_thread_slice(lane);
-  Tensor tSsQ = smem_thr_q.partition_S(sQ);
+  Tensor tSsQ = smem_thr_q.partition_S(sQk);
   auto smem_copy_k = make_tiled_copy_B(typename Config::SmemCopyAtom{}, mma);
   auto smem_thr_k = smem_copy_k.get_thread_slice(lane);
   auto smem_copy_v = make_tiled_copy_B(typename Config::SmemCopyAtomTransposed{}, mma_o);
   auto smem_thr_v = smem_copy_v.get_thread_slice(lane);
   Tensor tSsK = smem_thr_k.partition_S(sKg);
   Tensor tOsVt = smem_thr_v.partition_S(sVt);
-  // FP8: the scores' factor (k_descale, and 2^112 for bf16's keys: fp8_kv.h) and the output's.
-  float k_factor = 1.f, v_factor = 1.f;
+  // FP8: the scores' factor (k_descale; with a bf16 query, times its row's factor below) and the output's.
+  float k_factor = 1.f, v_factor = 1.f;  // (k_factor in each row's factor, in shared memory)
   if constexpr (kFp8) {
     const int hk = tile_rows.head_kv;
     if (params.k_descale) k_factor = params.k_descale[batch * params.k_descale_stride[0] + hk * params.k_descale_stride[1]];
     if (params.v_descale) v_factor = params.v_descale[batch * params.v_descale_stride[0] + hk * params.v_descale_stride[1]];
-    if constexpr (!std::is_same_v<Element, cutlass::half_t>) k_factor *= kBf16KeyScale;
   }
   // FP8: S = Q Kᵀ and O += P V of key tile n in buffer `stage`, their B fragments built from the
   // bytes (see the top). The identity partitions of lane 0 give each fragment's key (S) or output
@@ -249,11 +274,6 @@ __global__ void __launch_bounds__(Config::kThreads)
   auto thr0 = mma.get_thread_slice(0);
   Tensor tSiK = thr0.partition_B(make_identity_tensor(Shape<Int<kWarpKeys>, Int<kHeadDim>>{}));   // (key, d)
   Tensor tOiV = mma_o.get_thread_slice(0).partition_B(make_identity_tensor(Shape<Int<kHeadDim>, Int<kWarpKeys>>{}));
-  constexpr bool kBf16Keys = !std::is_same_v<Element, cutlass::half_t>;
-  auto key_pair = [](uint32_t bytes) {
-    const uint32_t h = e4m3x2_to_half2(bytes);
-    return kBf16Keys ? half2_of_e4m3_to_scaled_bf16x2(h) : h;
-  };
   auto fp8_scores = [&](auto& acc_s, int stage) {
     const uint8_t* k8 = reinterpret_cast<const uint8_t*>(raw_pointer_cast(pick(stage, sK).data()));
     const auto layout = typename Config::SmemLayoutKVIn{};
@@ -268,8 +288,8 @@ __global__ void __launch_bounds__(Config::kThreads)
         CUTE_UNROLL
         for (int c = 0; c < 4; ++c) {
           uint32_t* frag = reinterpret_cast<uint32_t*>(&tSrK(0, nu, 4 * b + c));
-          frag[0] = key_pair(words[c] & 0xFFFFu);
-          frag[1] = key_pair(words[c] >> 16);
+          frag[0] = e4m3x2_to_half2(words[c] & 0xFFFFu);
+          frag[1] = e4m3x2_to_half2(words[c] >> 16);
         }
       }
       CUTE_UNROLL
@@ -311,13 +331,43 @@ __global__ void __launch_bounds__(Config::kThreads)
   // The query rows (warp 0's oldest group) have landed: visible to every warp after the barrier.
   cp_async_wait<kStages - 1>();
   __syncthreads();
-  if constexpr (kFp8) {  // Q's columns in the order of the keys' fragments: each 64-column block of a row
+  // FP8: a bf16 query into fp16, each row scaled by a power of two (fp8_kv.h), a 16-byte piece a
+  // thread; then Q's columns in the order of the keys' fragments, each 64-column block of a row.
+  // Each row's scores take the factor row_factor[row] (after the query rows): k_factor, times the
+  // power of two back for a bf16 query. (Read each step: in registers they made the 32-row tile spill.)
+  constexpr bool kBf16Query = kFp8 && !std::is_same_v<Element, cutlass::half_t>;
+  float* row_factor = reinterpret_cast<float*>(smem + Config::kQTileBytes);
+  if constexpr (kFp8 && !kBf16Query) {
+    for (int row = tid; row < kRows; row += Config::kThreads) row_factor[row] = k_factor;
+  }
+  if constexpr (kBf16Query) {
+    constexpr int kPieces = kHeadDim / 8;  // a row's pieces: lanes side by side in one warp
+    static_assert((kRows * kPieces) % 32 == 0 && kPieces <= 32);
+    for (int u = tid; u < kRows * kPieces; u += Config::kThreads) {  // whole warps in or out
+      const int row = u / kPieces;
+      uint4* piece = reinterpret_cast<uint4*>(&sQ(row, u % kPieces * 8));
+      uint4 w = *piece;
+      float max_abs = fmaxf(fmaxf(bf16x2_max_abs(w.x), bf16x2_max_abs(w.y)),
+                            fmaxf(bf16x2_max_abs(w.z), bf16x2_max_abs(w.w)));
+      CUTE_UNROLL
+      for (int lanes = 1; lanes < kPieces; lanes *= 2) max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, lanes));
+      const int shift = fp16_row_shift(max_abs);
+      const float scale = exact_exp2(shift);
+      w = make_uint4(bf16x2_to_scaled_half2(w.x, scale), bf16x2_to_scaled_half2(w.y, scale),
+                     bf16x2_to_scaled_half2(w.z, scale), bf16x2_to_scaled_half2(w.w, scale));
+      *piece = w;
+      if (u % kPieces == 0) row_factor[row] = k_factor * exact_exp2(-shift);
+    }
+    __syncthreads();
+  }
+  if constexpr (kFp8) {
     for (int u = tid; u < kRows * (kHeadDim / 64); u += Config::kThreads) {
       const int row = u / (kHeadDim / 64), block = u % (kHeadDim / 64);
       permute_query_block([&](int m) { return &sQ(row, 64 * block + 8 * m); });
     }
     __syncthreads();
   }
+  constexpr int kThreadRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
   if constexpr (Config::kQInRegisters) copy(smem_copy_q, tSsQ, smem_thr_q.retile_D(tSrQ));
 
   OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
@@ -340,8 +390,13 @@ __global__ void __launch_bounds__(Config::kThreads)
     clear(acc_s);
     if constexpr (kFp8) {
       fp8_scores(acc_s, stage);
+      auto score_rows = rowcol_view(acc_s);
       CUTE_UNROLL
-      for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= k_factor;
+      for (int r = 0; r < kThreadRows; ++r) {
+        const float factor = row_factor[get<0>(rowcol_view(tScS)(r, 0))];
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(score_rows); ++c) score_rows(r, c) *= factor;
+      }
     } else if constexpr (Config::kQInRegisters) {
       gemm_regs_smem(acc_s, tSrQ, tSrK, smem_thr_k.retile_D(tSrK), pick(stage, tSsK), smem_copy_k, mma);
     } else {
@@ -360,7 +415,12 @@ __global__ void __launch_bounds__(Config::kThreads)
     auto out_rows = rowcol_view(acc_o);
     auto scores = rowcol_view(acc_s);
     // A masked slice may hide every key of a row (past the cache's end, or its diagonal).
-    softmax.update(scores, out_rows, params.scale_log2);
+    if constexpr (kFp8) {  // O's rescale behind a branch, not predicated (online_softmax.h)
+      softmax.rescale_scores(scores, params.scale_log2);
+      softmax.template rescale_output<true>(out_rows);
+    } else {
+      softmax.update(scores, out_rows, params.scale_log2);
+    }
 
     Tensor probs = convert_fragment<ElementPV>(acc_s);
     Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));
@@ -380,7 +440,6 @@ __global__ void __launch_bounds__(Config::kThreads)
   for (; n >= tile_begin; --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
 
   // Merge: each warp's normalised output and lse into shared memory, over the K/V buffers.
-  constexpr int kThreadRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
   float row_lse[kThreadRows];
   auto out_rows = rowcol_view(acc_o);
   softmax.finalize(out_rows, params.scale, row_lse);

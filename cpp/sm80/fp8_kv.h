@@ -5,10 +5,8 @@
 // normals), so the conversion loses nothing:
 //   V (and P) go to fp16: O += P V runs as an fp16 GEMM whatever q's dtype (P in [0, 1] is held more
 //     precisely in fp16 than in bf16).
-//   K goes to q's dtype. For fp16, as V. For bf16, each fp16 h is re-encoded as the bf16 with h's
-//     sign, exponent field and top 7 mantissa bits: a shift, which gives h · 2^-112 exactly
-//     (bf16's exponent bias is 127, fp16's 15; every such bf16 is a normal number or zero), and the
-//     kernel multiplies the scores by 2^112 (kBf16KeyScale) with the call's k_descale.
+//   K goes to fp16 as well, so S = Q Kᵀ runs as an fp16 GEMM too: a bf16 query is taken into fp16
+//     once, row by row, scaled by a power of two (fp16_row_shift), and the scores scaled back.
 // The fp16 pair comes from one cvt.rn.f16x2.e4m3x2 on sm_89 and newer; sm_80/86 (no FP8
 // instructions) place the bits themselves (the e4m3 value · 2^-8 as an fp16, fp16 subnormals
 // included) and multiply by 2^8. The e4m3 NaN (0x7F/0xFF) reads as ±480 there (NaN on sm_89+).
@@ -19,9 +17,6 @@
 #include <cute/config.hpp>
 
 namespace fa::sm80 {
-
-// 2^112: the factor a bf16 key read through half2_of_e4m3_to_scaled_bf16x2 lacks.
-inline constexpr float kBf16KeyScale = 0x1p112f;
 
 // The e4m3 values in the low and high byte of x as an fp16 pair (low half from the low byte).
 CUTE_DEVICE uint32_t e4m3x2_to_half2(uint32_t x) {
@@ -40,9 +35,32 @@ CUTE_DEVICE uint32_t e4m3x2_to_half2(uint32_t x) {
 #endif
 }
 
-// An fp16 pair holding e4m3 values, re-encoded as the bf16 pair of the same values · 2^-112.
-CUTE_DEVICE uint32_t half2_of_e4m3_to_scaled_bf16x2(uint32_t h) {
-  return (h & 0x80008000u) | ((h & 0x7FFF7FFFu) >> 3);
+// A bf16 query row into fp16: the power of two 2^shift that puts the row's largest magnitude
+// (row_max_abs) in [2^14, 2^15), 0 for a row of zeros or with a non-finite value. Each bf16 value
+// (8 significant bits) whose scaled magnitude is at least 2^-17, i.e. every value within 2^-31 of
+// the row's largest, is then exactly an fp16; smaller ones round to a multiple of 2^-24, less than
+// 2^-39 of the largest: below the rounding of the fp32 scores. The scores are scaled back by 2^-shift.
+CUTE_DEVICE int fp16_row_shift(float row_max_abs) {
+  if (!(row_max_abs > 0.f) || row_max_abs == INFINITY) return 0;
+  int e;
+  frexpf(row_max_abs, &e);  // row_max_abs in [2^(e-1), 2^e)
+  return min(max(15 - e, -126), 126);
+}
+
+// 2^k for k in [-126, 127], exactly.
+CUTE_DEVICE float exact_exp2(int k) { return __int_as_float((k + 127) << 23); }
+
+// A bf16 pair (low half first) times factor, as an fp16 pair (round to nearest).
+CUTE_DEVICE uint32_t bf16x2_to_scaled_half2(uint32_t x, float factor) {
+  const float lo = __uint_as_float(x << 16) * factor, hi = __uint_as_float(x & 0xFFFF0000u) * factor;
+  uint32_t h;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi), "f"(lo));
+  return h;
+}
+
+// The largest magnitude of a bf16 pair.
+CUTE_DEVICE float bf16x2_max_abs(uint32_t x) {
+  return fmaxf(fabsf(__uint_as_float(x << 16)), fabsf(__uint_as_float(x & 0xFFFF0000u)));
 }
 
 }  // namespace fa::sm80

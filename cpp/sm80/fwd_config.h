@@ -141,6 +141,9 @@ struct DecodeConfig {
   using ElementKV = ElementKV_;
   static constexpr bool kFp8 = !std::is_same_v<ElementKV, Element>;
   static_assert(!kFp8 || sizeof(ElementKV) == 1);
+  // S = Q Kᵀ's operands: q's dtype, or fp16 with an FP8 cache (its keys are exactly fp16; a bf16 query
+  // is rescaled into fp16 row by row: decode_kernel.h)
+  using ElementQK = std::conditional_t<kFp8, cutlass::half_t, Element>;
   using ElementPV = std::conditional_t<kFp8, cutlass::half_t, Element>;  // P and V in O += P V
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kRows = kRows_;             // packed query rows per CTA
@@ -152,7 +155,7 @@ struct DecodeConfig {
   static_assert(kHeadDim % 32 == 0 && kRows % 16 == 0 && kWarpKeys % 16 == 0 && kStages >= 2 && kStages <= 4);
   static_assert(!kFp8 || kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "FP8 caches: head dims 64, 128, 256");
 
-  using TiledMma = Sm80TiledMma<Element, 1, 1>;     // S = Q Kᵀ
+  using TiledMma = Sm80TiledMma<ElementQK, 1, 1>;   // S = Q Kᵀ
   using TiledMmaO = Sm80TiledMma<ElementPV, 1, 1>;  // O += P V
   // Q's fragments stay in registers (kRows · D / 64 a thread) beside O's fp32 accumulator
   // (kRows · D / 32) up to 16 rows × 128; beyond, the two would spill, so Q is read from shared
@@ -173,7 +176,7 @@ struct DecodeConfig {
       cute::Layout<cute::Shape<cute::Int<kWarpKeys>, cute::Int<kHeadDim>>, cute::Stride<cute::Int<kHeadDim>, cute::_1>>{}));
   using SmemLayoutKVIn = std::conditional_t<kFp8, SmemLayoutFp8, SmemLayoutKV>;
 
-  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;              // Q, K
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, ElementQK>;            // Q, K
   using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, ElementPV>;  // V
   // Each warp copies its own slices (and warp 0 the query rows): a warp-wide cp.async copy, 16
   // bytes a thread (8 values; an FP8 cache's 16).
@@ -181,7 +184,10 @@ struct DecodeConfig {
   using GmemCopyKV =
       typename std::conditional_t<kFp8, Fp8RowCopy<ElementKV, kHeadDim>, TypeIs<GmemCopy>>::type;
 
-  static constexpr int kQBytes = int(cute::cosize(SmemLayoutQ{})) * int(sizeof(Element));
+  // The query rows, and with an FP8 cache each row's factor (float) after them.
+  static constexpr int kQTileBytes = int(cute::cosize(SmemLayoutQ{})) * int(sizeof(Element));
+  static constexpr int kQBytes = kQTileBytes + (kFp8 ? 128 : 0);
+  static_assert(!kFp8 || kRows * int(sizeof(float)) <= 128);
   static constexpr int kKVInBytes = int(cute::cosize(SmemLayoutKVIn{})) * int(sizeof(ElementKV));  // as it lands
   static constexpr int kWarpBytes = 2 * kStages * kKVInBytes;  // a warp's K and V buffers
   // The merge: each warp's normalised fp32 output rows and lse, in the K/V buffers once every warp

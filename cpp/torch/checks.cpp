@@ -268,7 +268,7 @@ KVCacheShape check_kvcache_inputs(const Tensor& q, const Tensor& k_cache, const 
     s.seqlen_k = s.max_pages * s.page_size;
     FA_CHECK(s.page_size > 0 && s.page_size % kPageRows == 0, op,
              ": with page_table, k_cache and v_cache are (num_pages, page_size, heads_kv, head_dim) with "
-             "page_size a multiple of ", str_of(kPageRows), ", got shape ", shape_of(k_cache));
+             "page_size a multiple of ", str_of(int64_t(kPageRows)), ", got shape ", shape_of(k_cache));
   } else {
     FA_CHECK(k_cache.size(0) == s.batch, op, ": k_cache and v_cache must be (batch, heads_kv, capacity, ",
              "head_dim) with q's batch size ", str_of(s.batch), " (or paged, with page_table), got shape ",

@@ -3,6 +3,7 @@
 
 #include <optional>
 
+#include "fa/params.h"  // kPageRows
 #include "stable.h"
 
 namespace fa::torch_binding {
@@ -43,7 +44,6 @@ struct Fp8Args {
 };
 
 inline constexpr int64_t kMaxHeadDim = 256;
-inline constexpr int64_t kPageRows = 16;    // page sizes are multiples of this
 inline constexpr int64_t kMaxSplits = 128;
 inline constexpr int64_t kHeadDimMultiple = 8;
 

@@ -13,6 +13,10 @@ namespace fa {
 struct Float16 {};
 struct BFloat16 {};
 
+// A paged KV cache's page size is a multiple of this many rows (the binding checks it), so a page
+// holds whole 16-key groups of the kernels' key tiles.
+inline constexpr int kPageRows = 16;
+
 // Strides in elements of a (batch, heads, seqlen, head_dim) tensor; head_dim always has stride 1.
 struct Strides {
   int64_t batch = 0;
@@ -63,7 +67,7 @@ struct ForwardParams {
   const int* leftpad_k = nullptr;
   // Paged K/V: k and v are (num_pages, page_size, Hk, D), k_stride.batch / v_stride.batch the page
   // stride; key j of batch entry b lies in page page_table[b · page_table_stride + j / page_size],
-  // row j % page_size. page_size is a multiple of 16.
+  // row j % page_size. page_size is a multiple of kPageRows.
   const int* page_table = nullptr;
   int64_t page_table_stride = 0;
   int page_size = 0;
