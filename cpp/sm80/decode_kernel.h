@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     if (params.page_table != nullptr) {
       const int* pages = params.page_table + batch * params.page_table_stride;
       constexpr int kGroups = kFp8 ? kWarpKeys / kPageRows : 1;
-      static_assert(kWarpKeys % kPageRows == 0 && kGroups <= 2);
+      static_assert(kWarpKeys % kPageRows == 0);
       int group_page[kGroups], group_row[kGroups];  // (FP8) each group's page and its first key's row there
       if constexpr (kFp8) {
         CUTE_UNROLL
@@ -193,9 +193,12 @@ __global__ void __launch_bounds__(Config::kThreads)
         const ElementKV* head_base = static_cast<const ElementKV*>(base) + tile_rows.head_kv * s.head;
         copy_rows_zero_fill(gmem_copy_kv, [&](int row) {  // (a row past the end: row 0's address)
           if constexpr (kFp8) {
-            const bool second = kGroups > 1 && row >= kPageRows;  // a select, not an indexed array
-            return head_base + int64_t(second ? group_page[kGroups - 1] : group_page[0]) * s.batch +
-                   int64_t((second ? group_row[kGroups - 1] : group_row[0]) + row % kPageRows) * s.row;
+            int page = group_page[0], first = group_row[0];
+            CUTE_UNROLL
+            for (int g = 1; g < kGroups; ++g) {  // row's group: a select, not an indexed array
+              if (row >= g * kPageRows) page = group_page[g], first = group_row[g];
+            }
+            return head_base + int64_t(page) * s.batch + int64_t(first + row % kPageRows) * s.row;
           } else {
             // A slice past the cache's end zero-fills: its first row's page must still be in the table.
             const int key = min(slice * kWarpKeys + row, seq.seqlen_k - 1);

@@ -123,16 +123,15 @@ cudaError_t run_forward_kvcache(const ForwardParams& params, cudaStream_t stream
   return cudaErrorLaunchOutOfResources;  // no tile fits this device's shared memory
 }
 
-// An FP8 (e4m3) cache's decode kernels: the key-splitting kernel with bytes in its K/V buffers, one
-// buffer more than a 16-bit cache's (the same bytes in flight) and, at 16 rows up to D = 128, twice
-// the warps on half the keys each (a warp's steps do more work per byte: its fragments' conversions):
-// 100 KB at 16 rows (104 KB at D = 256), 72 KB at 32 (D = 128). Where the 16-row tile does not fit
-// (sm86/sm89's 99 KB) the 32-row one serves up to 16 rows too (D <= 128).
+// An FP8 (e4m3) cache's decode kernels: the key-splitting kernel with bytes in its K/V buffers and
+// one buffer more than a 16-bit cache's (the same bytes in flight): 100 KB at 16 rows up to D = 128
+// (two CTAs an SM), 104 KB at D = 256, 72 KB at 32 rows (D = 128). Where the 16-row tile does not fit
+// (sm86/sm89's 99 KB) the 32-row one serves up to 16 rows too (D <= 128). Eight warps of half the
+// keys each at 16 rows took 1-20% longer (H200; docs/tried.md).
 template <int kHeadDim, int kRows>
 struct DecodeFp8Tile {
-  static constexpr bool kEightWarps = kRows == 16 && kHeadDim <= 128;
-  static constexpr int kWarps = kEightWarps ? 8 : 4;
-  static constexpr int kWarpKeys = DecodeSplitTile<kHeadDim, kRows>::kWarpKeys / (kEightWarps ? 2 : 1);
+  static constexpr int kWarps = DecodeSplitTile<kHeadDim, kRows>::kWarps;
+  static constexpr int kWarpKeys = DecodeSplitTile<kHeadDim, kRows>::kWarpKeys;
   static constexpr int kStages = DecodeSplitTile<kHeadDim, kRows>::kStages + 1;
 };
 template <class Element, int kHeadDim, int kRows>
