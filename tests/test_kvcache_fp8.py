@@ -151,8 +151,8 @@ def test_cache_as_a_view_of_a_packed_buffer(device):
 
 
 def test_gpu_with_99_kb_of_shared_memory(monkeypatch):
-    # RTX 40 (sm89) lets a CTA have 99 KB: the 16-row FP8 tile (132 KB at D = 128) does not fit,
-    # and the 32-row one (88 KB) serves up to 16 rows too; at D = 256 no FP8 tile fits: a clear error.
+    # RTX 40 (sm89) lets a CTA have 99 KB: the 16-row FP8 tile (100 KB at D = 128) does not fit,
+    # and the 32-row one (72 KB) serves up to 16 rows too; at D = 256 no FP8 tile fits: a clear error.
     if "sm80" not in cuda_families():
         pytest.skip("needs a CUDA GPU and the Ampere family's kernels")
     monkeypatch.setenv("FA_MAX_SHARED_MEMORY", str(99 * 1024))
