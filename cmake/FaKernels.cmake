@@ -21,13 +21,14 @@
 # head dim; the Hopper family (sm90) only when 90a is among them, for its native head dims (a head
 # dim between them runs on the next larger one), compiled for sm_90a alone.
 #
-# In a build for Hopper alone (FA_CUDA_ARCHS 90a), the Ampere family serves the forward and backward
-# of the head dims the Hopper family holds only when FA_KERNEL_FAMILY=sm80 forces it: there its
-# units at those head dims (FA_SM80_RUN_TIME_MASK_HEAD_DIMS) are the causal kernel alone, which
-# serves a call without a mask too (unbounded bounds; the causal axis "run-time mask"), one unit
-# instead of two. Measured on the H200: a Hopper build's install 317 -> 252 s; the forced Ampere
+# In a build for Hopper alone (FA_CUDA_ARCHS 90a), the Ampere family would serve the forward and
+# backward of the head dims the Hopper family holds only when FA_KERNEL_FAMILY=sm80 forces it: such
+# a build has no Ampere forward and backward units at those head dims (20 units of the default's 78,
+# a fifth of its compile time; docs/performance.md), unless FA_SM80_ON_HOPPER asks for them. Then they
+# (FA_SM80_RUN_TIME_MASK_HEAD_DIMS) are the causal kernel alone, which serves a call without a mask
+# too (unbounded bounds; the causal axis "run-time mask"), one unit instead of two: the forced
 # family's non-causal calls 0-4% slower than on their own kernels (docs/performance.md), which is
-# why builds with an Ampere-class arch keep both.
+# why builds with an Ampere-class arch keep both. The KV-cache units are built in every build.
 #
 # The rows are in the order the units start to compile: the longest first (a build is as long as
 # its last unit to finish; measured on the 16-core H100 machine, docs/performance.md).
@@ -74,11 +75,41 @@ endif()
 if("90a" IN_LIST FA_CUDA_ARCHS AND FA_SM90_HEAD_DIMS)
   list(APPEND FA_KERNEL_TABLE "sm90|fwd|run_forward|ForwardParams|causal")
 endif()
-list(APPEND FA_KERNEL_TABLE
-  "sm80|kvcache|run_forward_kvcache|ForwardParams|-"
-  "sm80|bwd|run_backward|BackwardParams|causal"
-  "sm80|fwd|run_forward|ForwardParams|causal"
-)
+# The Ampere family's forward and backward head dims (FA_SM80_HEAD_DIMS): every head dim where
+# FA_CUDA_ARCHS has an arch besides 90a. In a build for 90a alone, the head dims the Hopper family
+# serves (forward and backward, on a native head dim >= it) only with FA_SM80_ON_HOPPER, as the
+# causal kernel alone (FA_SM80_RUN_TIME_MASK_HEAD_DIMS); the others as everywhere.
+set(_fa_ampere_arch FALSE)
+foreach(_arch IN LISTS FA_CUDA_ARCHS)
+  if(NOT _arch STREQUAL "90a")
+    set(_fa_ampere_arch TRUE)
+  endif()
+endforeach()
+set(FA_SM80_HEAD_DIMS "")
+set(FA_SM80_RUN_TIME_MASK_HEAD_DIMS "")
+foreach(_hdim IN LISTS FA_HEAD_DIMS)
+  set(_fa_served FALSE)
+  if(NOT _fa_ampere_arch AND "90a" IN_LIST FA_CUDA_ARCHS)
+    foreach(_sm90 IN LISTS FA_SM90_HEAD_DIMS)
+      if(_sm90 GREATER_EQUAL _hdim AND _sm90 IN_LIST FA_SM90_BWD_HEAD_DIMS)
+        set(_fa_served TRUE)
+      endif()
+    endforeach()
+  endif()
+  if(NOT _fa_served)
+    list(APPEND FA_SM80_HEAD_DIMS ${_hdim})
+  elseif(FA_SM80_ON_HOPPER)
+    list(APPEND FA_SM80_HEAD_DIMS ${_hdim})
+    list(APPEND FA_SM80_RUN_TIME_MASK_HEAD_DIMS ${_hdim})
+  endif()
+endforeach()
+list(APPEND FA_KERNEL_TABLE "sm80|kvcache|run_forward_kvcache|ForwardParams|-")
+if(FA_SM80_HEAD_DIMS)
+  list(APPEND FA_KERNEL_TABLE
+    "sm80|bwd|run_backward|BackwardParams|causal"
+    "sm80|fwd|run_forward|ForwardParams|causal"
+  )
+endif()
 set(FA_SUPPORTED_DTYPES fp16 bf16)
 
 # The pairs of the list variable `option` (FA_HEAD_DIM_PAIRS or FA_FP8_HEAD_DIM_PAIRS), checked, into
@@ -230,26 +261,6 @@ foreach(_hdim IN LISTS FA_SOFTCAP_HEAD_DIMS)
     message(FATAL_ERROR "fa: FA_SOFTCAP_HEAD_DIMS entry '${_hdim}' is not one of ${FA_SUPPORTED_HEAD_DIMS}")
   endif()
 endforeach()
-set(_fa_ampere_arch FALSE)
-foreach(_arch IN LISTS FA_CUDA_ARCHS)
-  if(NOT _arch STREQUAL "90a")
-    set(_fa_ampere_arch TRUE)
-  endif()
-endforeach()
-set(FA_SM80_RUN_TIME_MASK_HEAD_DIMS "")
-if(NOT _fa_ampere_arch AND "90a" IN_LIST FA_CUDA_ARCHS)
-  foreach(_hdim IN LISTS FA_HEAD_DIMS)
-    set(_fa_served FALSE)
-    foreach(_sm90 IN LISTS FA_SM90_HEAD_DIMS)
-      if(_sm90 GREATER_EQUAL _hdim AND _sm90 IN_LIST FA_SM90_BWD_HEAD_DIMS)
-        set(_fa_served TRUE)
-      endif()
-    endforeach()
-    if(_fa_served)
-      list(APPEND FA_SM80_RUN_TIME_MASK_HEAD_DIMS ${_hdim})
-    endif()
-  endforeach()
-endif()
 set(FA_SM80_FP8_KV_HEAD_DIMS "")
 foreach(_hdim IN LISTS FA_FP8_KV_HEAD_DIMS)
   if(NOT _hdim IN_LIST FA_FP8_KV_SUPPORTED_HEAD_DIMS)
@@ -321,9 +332,11 @@ function(fa_add_kernel_library target)
     list(GET _row 3 FA_PARAMS)
     list(GET _row 4 _causal_axis)
     string(TOUPPER "${FA_FAMILY}_${FA_DIRECTION}" _family_dir)
-    set(_row_head_dims ${FA_HEAD_DIMS})
+    set(_row_head_dims ${FA_SM80_HEAD_DIMS})
     set(_row_gencode ${FA_GENCODE_FLAGS})
-    if(FA_FAMILY STREQUAL "sm90")
+    if(FA_DIRECTION STREQUAL "kvcache")
+      set(_row_head_dims ${FA_HEAD_DIMS})
+    elseif(FA_FAMILY STREQUAL "sm90")
       if(FA_DIRECTION STREQUAL "bwd")
         set(_row_head_dims ${FA_SM90_BWD_HEAD_DIMS})
       else()
@@ -389,6 +402,10 @@ function(fa_add_kernel_library target)
   set(FA_CFG_SM90_BWD_HEAD_DIMS "")
   if(FA_CFG_SM90_BWD)
     string(REPLACE ";" ", " FA_CFG_SM90_BWD_HEAD_DIMS "${FA_SM90_BWD_HEAD_DIMS},")
+  endif()
+  set(FA_CFG_SM80_HEAD_DIMS "")
+  if(FA_CFG_SM80_BWD)
+    string(REPLACE ";" ", " FA_CFG_SM80_HEAD_DIMS "${FA_SM80_HEAD_DIMS},")
   endif()
   string(REPLACE ";" ", " FA_CFG_SM80_SOFTCAP_HEAD_DIMS "${FA_SM80_SOFTCAP_HEAD_DIMS}")
   string(REPLACE ";" ", " FA_CFG_SM80_RUN_TIME_MASK_HEAD_DIMS "${FA_SM80_RUN_TIME_MASK_HEAD_DIMS}")

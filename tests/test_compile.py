@@ -69,17 +69,23 @@ def test_build_info():
     info = fa.build_info()
     assert info["version"] == fa.__version__
     for key in ("torch", "cuda_kernels_built", "cuda_archs", "head_dims", "dtypes", "kernels",
-                "kernel_families", "sm90_head_dims", "sm90_backward_head_dims", "sm80_run_time_mask_head_dims",
+                "kernel_families", "sm80_head_dims", "sm90_head_dims", "sm90_backward_head_dims",
+                "sm80_run_time_mask_head_dims",
                 "device", "device_kernel_family",
                 "device_kernel_families", "kernel_family_setting"):
         assert key in info
     if info["cuda_kernels_built"]:
-        assert info["cuda_archs"] and info["head_dims"] and "sm80 fwd" in info["kernels"]
+        assert info["cuda_archs"] and info["head_dims"] and "sm80 kvcache" in info["kernels"]
+        # The Ampere family's forward and backward: every head dim, but in a build for 90a alone only
+        # those the Hopper family does not serve (unless FA_SM80_ON_HOPPER).
+        assert ("sm80 fwd" in info["kernels"]) == ("sm80 bwd" in info["kernels"]) == bool(info["sm80_head_dims"])
+        assert set(info["sm80_head_dims"]) <= set(info["head_dims"])
+        assert info["cuda_archs"] == ["90a"] or info["sm80_head_dims"] == info["head_dims"]
         assert ("sm90 fwd" in info["kernels"]) == ("90a" in info["cuda_archs"] and bool(info["sm90_head_dims"]))
         assert ("sm90 bwd" in info["kernels"]) == ("90a" in info["cuda_archs"] and bool(info["sm90_backward_head_dims"]))
         assert set(info["sm90_backward_head_dims"]) <= set(info["sm90_head_dims"]) & {64, 128, 256}
         # The Ampere family's causal kernel serves every mask only in a build for Hopper alone.
-        assert set(info["sm80_run_time_mask_head_dims"]) <= set(info["head_dims"])
+        assert set(info["sm80_run_time_mask_head_dims"]) <= set(info["sm80_head_dims"])
         assert not info["sm80_run_time_mask_head_dims"] or info["cuda_archs"] == ["90a"]
     else:
         assert info["no_cuda_reason"]
@@ -94,6 +100,9 @@ def test_families_for_each_device():
     assert families_for(both, ["90a"], (8, 0)) == []          # 90a SASS runs on sm90 only
     assert families_for(both, ["80", "90a"], (10, 0)) == []   # neither runs on sm100
     assert families_for(both[:2], ["90a"], (9, 0)) == ["sm80"]
+    # A build for 90a alone without the Ampere family's forward: its KV-cache kernels do not make it
+    # a family a forward call can be given to.
+    assert families_for([["sm80", "kvcache"], ["sm90", "fwd"]], ["90a"], (9, 0)) == ["sm90"]
 
 
 def test_family_setting_is_reported(monkeypatch):

@@ -112,3 +112,27 @@ def test_bad_kernel_family_setting(monkeypatch):
     if "sm90" not in fa.build_info()["device_kernel_families"]:
         monkeypatch.setenv("FA_KERNEL_FAMILY", "sm90")
         expect(r"FA_KERNEL_FAMILY=sm90, but the Hopper family cannot serve this call", forward, q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("sm90" not in (fa.build_info()["device_kernel_families"] if torch.cuda.is_available() else []),
+                    reason="the Hopper family cannot run here")
+def test_ampere_family_forced_in_a_hopper_build_without_it(monkeypatch):
+    # A build for 90a alone has the Ampere family's forward and backward only for the head dims the
+    # Hopper family does not serve (unless FA_SM80_ON_HOPPER): forcing it for another is an error
+    # that says so, for the forward and the backward; the KV cache runs on its kernels regardless.
+    info = fa.build_info()
+    d = next((d for d in info["head_dims"] if not any(s >= d for s in info["sm80_head_dims"])), None)
+    if d is None:
+        pytest.skip("this build has the Ampere family's forward and backward at every head dim")
+    q, k, v = (torch.randn(1, 2, 40, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    out = fa.attention(q, k, v)
+    cache_seqlens = torch.full((1,), 40, dtype=torch.int32, device="cuda")
+    kv_out = fa.attention_kvcache(q[:, :, :1], k, v, cache_seqlens)
+    monkeypatch.setenv("FA_KERNEL_FAMILY", "sm80")
+    message = rf"FA_KERNEL_FAMILY=sm80 at head_dim {d}, but this build for 90a alone .* \(FA_SM80_ON_HOPPER=ON builds them\)"
+    expect(message, forward, q, k, v)
+    expect(message, torch.ops.fa.backward, torch.ones_like(out), q, k, v, out,
+           torch.zeros(1, 2, 40, device="cuda"), None, False)
+    again = fa.attention_kvcache(q[:, :, :1], k, v, cache_seqlens)
+    assert torch.equal(again, kv_out)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fa
-from helpers import assert_within_lowp_error, skip_unless_softcap_built, variant_attention
+from helpers import assert_within_lowp_error, skip_unless_built, skip_unless_softcap_built, variant_attention
 from test_variants import run_and_grads
 
 
@@ -24,9 +24,7 @@ ONE_HEAD_DIM_ERROR = "take one head dim for q, k and v for now"
 
 def skip_unless_padded_dim_built(device, d, dv):
     """On CUDA the padded path runs the kernels of head dim max(d, dv) (or the next built one)."""
-    built = fa.build_info()["head_dims"]
-    if device == "cuda" and built and max(d, dv) > max(built):
-        pytest.skip(f"this build has no kernel for head dim {max(d, dv)} (FA_HEAD_DIMS={built})")
+    skip_unless_built(max(d, dv), device)
 
 
 def check_forward(q, k, v, causal, window, sinks=None, magnitude=1.0):

@@ -89,7 +89,8 @@ void set_packed_batch(ForwardParams& p, const Tensor& cu_seqlens_q, const Tensor
 // The kernel families, and which one serves a forward call.
 enum class Family { kSm80, kSm90 };
 
-enum class Direction { kForward, kBackward };
+// kKvCache: the KV-cache kernels (the Ampere family's, at every head dim of FA_HEAD_DIMS).
+enum class Direction { kForward, kBackward, kKvCache };
 
 // The smallest head dim >= head_dim of a build_config list (0: none), and the list as text
 // (" 64 128 256", or " (none)").
@@ -144,7 +145,10 @@ int family_head_dim(Family family, int64_t head_dim, Direction direction = Direc
     return family == Family::kSm80 ? smallest_at_least(kSm80SoftcapHeadDims, head_dim)
                                    : smallest_at_least(kSm90SoftcapHeadDims, head_dim);
   }
-  if (family == Family::kSm80) return smallest_at_least(kHeadDims, head_dim);
+  if (family == Family::kSm80) {
+    return direction == Direction::kKvCache ? smallest_at_least(kHeadDims, head_dim)
+                                            : smallest_at_least(kSm80HeadDims, head_dim);
+  }
   return direction == Direction::kForward ? smallest_at_least(kSm90HeadDims, head_dim)
                                           : smallest_at_least(kSm90BackwardHeadDims, head_dim);
 }
@@ -164,10 +168,20 @@ int fp8_kernel_head_dim(const int (&head_dims)[N], int64_t head_dim, const char*
   return best;
 }
 
-// The Ampere family's head dim for a call; the binding's checks admit any head dim up to 256, so
-// this fails only for a build with fewer head dims (FA_HEAD_DIMS).
-int kernel_head_dim(int64_t head_dim, const char* op) {
-  const int best = family_head_dim(Family::kSm80, head_dim);
+// The Ampere family's head dim for a call on a device of `arch` (direction: forward, backward or the
+// KV cache); the binding's checks admit any head dim up to 256, so this fails only for a build with
+// fewer head dims (FA_HEAD_DIMS), or, forward and backward, a build for 90a alone, where the Hopper
+// family serves those calls and the Ampere family's kernels for them are built only with
+// FA_SM80_ON_HOPPER.
+int kernel_head_dim(int64_t head_dim, Direction direction, const std::string& arch, const char* op) {
+  const int best = family_head_dim(Family::kSm80, head_dim, direction);
+  if (best == 0 && direction != Direction::kKvCache && smallest_at_least(build_config::kHeadDims, head_dim) != 0) {
+    FA_CHECK(arch == "90a", op, ": this build of fa has kernels for sm ", build_config::kCudaArchs,
+             " but the device is sm_", arch, "; rebuild with -C cmake.define.FA_CUDA_ARCHS=", arch);
+    fail(op, ": FA_KERNEL_FAMILY=sm80 at head_dim ", str_of(head_dim), ", but this build for 90a alone has",
+         " the Ampere family's forward and backward kernels for head dims", head_dims_text(build_config::kSm80HeadDims),
+         " only: the Hopper family serves the others (FA_SM80_ON_HOPPER=ON builds them)");
+  }
   if (best == 0) {
     fail(op, ": head_dim ", str_of(head_dim), " needs a kernel for a head dim >= ", str_of(head_dim),
          "; this build has head dims", head_dims_text(build_config::kHeadDims), " (FA_HEAD_DIMS)");
@@ -224,7 +238,7 @@ Kernels forward_kernels(const std::string& arch, int64_t head_dim, bool softcap,
   }
   if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim, softcap};
   if (softcap) return sm80_softcap_kernels(head_dim, op);
-  return {Family::kSm80, kernel_head_dim(head_dim, op)};
+  return {Family::kSm80, kernel_head_dim(head_dim, Direction::kForward, arch, op)};
 }
 
 // The backward: the Hopper family where it has a kernel (head dims up to 128 for now), else the
@@ -236,7 +250,7 @@ Kernels backward_kernels(const std::string& arch, int64_t head_dim, bool softcap
       arch == "90a" ? family_head_dim(Family::kSm90, head_dim, Direction::kBackward, softcap) : 0;
   if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim, softcap};
   if (softcap) return sm80_softcap_kernels(head_dim, op);
-  return {Family::kSm80, kernel_head_dim(head_dim, op)};
+  return {Family::kSm80, kernel_head_dim(head_dim, Direction::kBackward, arch, op)};
 }
 
 // Whether this build holds kernels of the family for head_dim in the direction (soft-capping ones
@@ -246,7 +260,8 @@ constexpr bool built(int head_dim) {
   using namespace build_config;
   if constexpr (kSoftcap && kFamily == Family::kSm80) return listed(kSm80SoftcapHeadDims, head_dim);
   if constexpr (kSoftcap) return listed(kSm90SoftcapHeadDims, head_dim);
-  if constexpr (kFamily == Family::kSm80) return has_head_dim(head_dim);
+  if constexpr (kFamily == Family::kSm80 && kDirection == Direction::kKvCache) return has_head_dim(head_dim);
+  if constexpr (kFamily == Family::kSm80) return has_sm80_head_dim(head_dim);
   if constexpr (kDirection == Direction::kForward) return has_sm90_head_dim(head_dim);
   return has_sm90_backward_head_dim(head_dim);
 }
@@ -691,7 +706,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
-  check_device(q_in, op);
+  const std::string arch = check_device(q_in, op);
   ForwardOutputs o = allocate_forward_outputs(q_in, s);
   if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
   check_grid_limits(s, op);
@@ -754,8 +769,8 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
              str_of(int64_t(fp8_head_dim)), " fits this device's shared memory (",
              device_name(q), "); use a 16-bit cache here");
   } else {
-    err = dispatch<Family::kSm80, Direction::kForward>(
-        q.scalar_type(), kernel_head_dim(s.head_dim, op), op, [&](auto tag, auto hd) {
+    err = dispatch<Family::kSm80, Direction::kKvCache>(
+        q.scalar_type(), kernel_head_dim(s.head_dim, Direction::kKvCache, arch, op), op, [&](auto tag, auto hd) {
           return sm80::run_forward_kvcache<decltype(tag), decltype(hd)::value>(p, current_stream(q));
         });
   }
@@ -788,7 +803,7 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
                           bool deterministic, const char* op) {
   const bool causal = variant.causal_kernels();  // the kernels instantiated for causal serve every window
   check_grid_limits(s, op);
-  FA_CHECK(build_config::kSm80Backward, op, ": this build has no CUDA backward kernels");
+  FA_CHECK(build_config::kSm80Backward || build_config::kSm90Backward, op, ": this build has no CUDA backward kernels");
   const Tensor& q = in.q;
   const bool packed = p.cu_seqlens_q != nullptr;
   const int64_t rounded = (s.seqlen_q + kBackwardRowPadding - 1) / kBackwardRowPadding * kBackwardRowPadding;

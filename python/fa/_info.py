@@ -30,10 +30,13 @@ def arch_runs_on(arch: str, capability) -> bool:
 
 
 def families_for(kernels: List[List[str]], archs: List[str], capability) -> List[str]:
-    """The kernel families of a build that can run on a device of ``capability``: the Ampere family
-    wherever one of the build's archs runs; the Hopper family (sm90a only) on compute capability 9.0."""
+    """The kernel families of a build that can serve a forward call on a device of ``capability``: the
+    Ampere family wherever one of the build's archs runs and it has forward kernels (a build for 90a
+    alone has them only for head dims the Hopper family does not serve, or with FA_SM80_ON_HOPPER;
+    its KV-cache kernels serve fa.attention_kvcache in every build); the Hopper family (sm90a only)
+    on compute capability 9.0."""
     families = []
-    if any(row[0] == "sm80" for row in kernels) and any(arch_runs_on(a, capability) for a in archs):
+    if any(row[:2] == ["sm80", "fwd"] for row in kernels) and any(arch_runs_on(a, capability) for a in archs):
         families.append("sm80")
     if any(row[0] == "sm90" for row in kernels) and "90a" in archs and tuple(capability) == (9, 0):
         families.append("sm90")
@@ -43,7 +46,8 @@ def families_for(kernels: List[List[str]], archs: List[str], capability) -> List
 def build_info() -> Dict[str, Any]:
     """Returns what this build of fa contains, and which kernel family serves the current GPU.
 
-    ``device_kernel_families`` lists the families that can run on the current GPU;
+    ``device_kernel_families`` lists the families that can serve a forward call on the current GPU
+    (``families_for``; the KV cache runs on the Ampere family's kernels of every build);
     ``device_kernel_family`` is the one that serves a call by default (the Hopper family where it
     can: the forward for head dims up to its largest native one, the backward for head dims up to
     the largest in ``sm90_backward_head_dims``), or the one FA_KERNEL_FAMILY forces. A backward the
@@ -69,6 +73,8 @@ def build_info() -> Dict[str, Any]:
         "dtypes": _split(cfg.dtypes) if cfg else [],
         "kernels": [f"{family} {direction}" for family, direction, *_ in kernels],
         "kernel_families": sorted({family for family, *_ in kernels}),
+        # The Ampere family's forward and backward head dims (its KV-cache kernels have every one).
+        "sm80_head_dims": [int(d) for d in _split(getattr(cfg, "sm80_head_dims", ""))] if cfg else [],
         "sm90_head_dims": [int(d) for d in _split(getattr(cfg, "sm90_head_dims", ""))] if cfg else [],
         "sm90_backward_head_dims": (
             [int(d) for d in _split(getattr(cfg, "sm90_backward_head_dims", ""))] if cfg else []),
