@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   constexpr int kThreadRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
   if constexpr (Config::kQInRegisters) copy(smem_copy_q, tSsQ, smem_thr_q.retile_D(tSrQ));
 
-  OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
+  OnlineSoftmax<kThreadRows> softmax;
 
   // One step on key tile n, held in buffer `stage`.
   auto step = [&](int n, auto masked, auto stage) {
