@@ -43,20 +43,32 @@ cudaStream_t current_stream(const Tensor& t) {
   return static_cast<cudaStream_t>(stream);
 }
 
-// The GPU must be sm80 or newer (cp.async, bf16 mma.sync). Returns its arch name.
+// Whether SASS compiled for `build_arch` (80, 86, 90a) runs on a device of `device_arch` (the
+// gencode flags embed no PTX): plain SASS on the same major version with an equal or newer minor,
+// an `a` arch's only on exactly that compute capability (fa/_info.py's arch_runs_on).
+bool arch_runs_on(const std::string& build_arch, const std::string& device_arch) {
+  const bool specific = !build_arch.empty() && build_arch.back() == 'a';
+  const int built = std::stoi(build_arch), device = std::stoi(device_arch);
+  return specific ? built == device : built / 10 == device / 10 && built % 10 <= device % 10;
+}
+
+// The GPU must be sm80 or newer (cp.async, bf16 mma.sync), and one of the build's archs must run on
+// it, so that every op fails alike, before any work, on a device the build has no kernels for.
+// Returns its arch name.
 std::string check_device(const Tensor& t, const char* op) {
   std::string arch = device_arch(t, op);
   FA_CHECK(std::stoi(arch) >= 80, op, ": fa's CUDA kernels need compute capability 8.0 or newer ",
            "(cp.async, bf16 mma.sync); ", device_name(t), " is sm_", arch);
-  return arch;
-}
-
-[[noreturn]] void raise_launch_error(cudaError_t err, const Tensor& t, const char* op) {
-  const std::string arch = device_arch(t, op);
-  FA_CHECK(err != cudaErrorNoKernelImageForDevice && err != cudaErrorInvalidDeviceFunction, op,
-           ": this build of fa has kernels for sm ", build_config::kCudaArchs, " but ", device_name(t),
+  bool runs = false;
+  const std::string archs = build_config::kCudaArchs;
+  for (std::size_t begin = 0; begin < archs.size();) {
+    const std::size_t end = std::min(archs.find(',', begin), archs.size());
+    runs = runs || arch_runs_on(archs.substr(begin, end - begin), arch);
+    begin = end + 1;
+  }
+  FA_CHECK(runs, op, ": this build of fa has kernels for sm ", build_config::kCudaArchs, " but ", device_name(t),
            " is sm_", arch, "; rebuild with -C cmake.define.FA_CUDA_ARCHS=", arch);
-  fail(op, ": CUDA error: ", cudaGetErrorString(err));
+  return arch;
 }
 
 // The kernels read and write 16-byte vectors, so every row must start 16-byte aligned: the data
@@ -168,24 +180,31 @@ int fp8_kernel_head_dim(const int (&head_dims)[N], int64_t head_dim, const char*
   return best;
 }
 
-// The Ampere family's head dim for a call on a device of `arch` (direction: forward, backward or the
-// KV cache); the binding's checks admit any head dim up to 256, so this fails only for a build with
-// fewer head dims (FA_HEAD_DIMS), or, forward and backward, a build for 90a alone, where the Hopper
-// family serves those calls and the Ampere family's kernels for them are built only with
-// FA_SM80_ON_HOPPER.
-int kernel_head_dim(int64_t head_dim, Direction direction, const std::string& arch, const char* op) {
+// No kernel of this build holds head_dim (FA_HEAD_DIMS lists fewer than the binding admits).
+[[noreturn]] void fail_head_dim(int64_t head_dim, const char* op) {
+  fail(op, ": head_dim ", str_of(head_dim), " needs a kernel for a head dim >= ", str_of(head_dim),
+       "; this build has head dims", head_dims_text(build_config::kHeadDims), " (FA_HEAD_DIMS)");
+}
+
+// The Ampere family's forward or backward head dim for a call; the binding's checks admit any head
+// dim up to 256, so this fails only for a build with fewer head dims (FA_HEAD_DIMS), or a build for
+// 90a alone (check_device: then the device is sm_90a), where the Hopper family serves those calls
+// and the Ampere family's kernels for them are built only with FA_SM80_ON_HOPPER.
+int kernel_head_dim(int64_t head_dim, Direction direction, const char* op) {
   const int best = family_head_dim(Family::kSm80, head_dim, direction);
-  if (best == 0 && direction != Direction::kKvCache && smallest_at_least(build_config::kHeadDims, head_dim) != 0) {
-    FA_CHECK(arch == "90a", op, ": this build of fa has kernels for sm ", build_config::kCudaArchs,
-             " but the device is sm_", arch, "; rebuild with -C cmake.define.FA_CUDA_ARCHS=", arch);
+  if (best == 0 && smallest_at_least(build_config::kHeadDims, head_dim) != 0) {
     fail(op, ": FA_KERNEL_FAMILY=sm80 at head_dim ", str_of(head_dim), ", but this build for 90a alone has",
          " the Ampere family's forward and backward kernels for head dims", head_dims_text(build_config::kSm80HeadDims),
          " only: the Hopper family serves the others (FA_SM80_ON_HOPPER=ON builds them)");
   }
-  if (best == 0) {
-    fail(op, ": head_dim ", str_of(head_dim), " needs a kernel for a head dim >= ", str_of(head_dim),
-         "; this build has head dims", head_dims_text(build_config::kHeadDims), " (FA_HEAD_DIMS)");
-  }
+  if (best == 0) fail_head_dim(head_dim, op);
+  return best;
+}
+
+// The KV-cache kernels' head dim (the Ampere family's, at every head dim of FA_HEAD_DIMS).
+int kvcache_head_dim(int64_t head_dim, const char* op) {
+  const int best = smallest_at_least(build_config::kHeadDims, head_dim);
+  if (best == 0) fail_head_dim(head_dim, op);
   return best;
 }
 
@@ -238,7 +257,7 @@ Kernels forward_kernels(const std::string& arch, int64_t head_dim, bool softcap,
   }
   if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim, softcap};
   if (softcap) return sm80_softcap_kernels(head_dim, op);
-  return {Family::kSm80, kernel_head_dim(head_dim, Direction::kForward, arch, op)};
+  return {Family::kSm80, kernel_head_dim(head_dim, Direction::kForward, op)};
 }
 
 // The backward: the Hopper family where it has a kernel (head dims up to 128 for now), else the
@@ -250,7 +269,7 @@ Kernels backward_kernels(const std::string& arch, int64_t head_dim, bool softcap
       arch == "90a" ? family_head_dim(Family::kSm90, head_dim, Direction::kBackward, softcap) : 0;
   if (want != "sm80" && sm90_head_dim != 0) return {Family::kSm90, sm90_head_dim, softcap};
   if (softcap) return sm80_softcap_kernels(head_dim, op);
-  return {Family::kSm80, kernel_head_dim(head_dim, Direction::kBackward, arch, op)};
+  return {Family::kSm80, kernel_head_dim(head_dim, Direction::kBackward, op)};
 }
 
 // Whether this build holds kernels of the family for head_dim in the direction (soft-capping ones
@@ -484,7 +503,7 @@ void run_forward_kernels(ForwardParams& p, const Tensor& q, const Kernels& kerne
       return sm80::run_forward<decltype(tag), decltype(hd)::value, decltype(c)::value, decltype(sc)::value>(p, stream);
     });
   }
-  if (err != cudaSuccess) raise_launch_error(err, q, op);
+  check_cuda(err, op);
 }
 
 // A forward's inputs made fit for the kernels (aligned_for_kernels), and p filled from them, the
@@ -605,7 +624,7 @@ void forward_fp8_into(ForwardParams& p, ForwardOutputs& o, const Tensor& q_in, c
   FA_FP8_FORWARD_CASE(128, 128)
   FA_EACH_PAIR(FA_FP8_FORWARD_CASE)
 #undef FA_FP8_FORWARD_CASE
-  if (err != cudaSuccess) raise_launch_error(err, q, op);
+  check_cuda(err, op);
 }
 
 std::tuple<Tensor, Tensor> forward_cuda(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -706,7 +725,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
   const torch::stable::accelerator::DeviceGuard guard(q_in.get_device_index());
-  const std::string arch = check_device(q_in, op);
+  check_device(q_in, op);
   ForwardOutputs o = allocate_forward_outputs(q_in, s);
   if (finish_trivial_forward(s, o, variant.sinks)) return {o.out, o.lse};
   check_grid_limits(s, op);
@@ -770,11 +789,11 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
              device_name(q), "); use a 16-bit cache here");
   } else {
     err = dispatch<Family::kSm80, Direction::kKvCache>(
-        q.scalar_type(), kernel_head_dim(s.head_dim, Direction::kKvCache, arch, op), op, [&](auto tag, auto hd) {
+        q.scalar_type(), kvcache_head_dim(s.head_dim, op), op, [&](auto tag, auto hd) {
           return sm80::run_forward_kvcache<decltype(tag), decltype(hd)::value>(p, current_stream(q));
         });
   }
-  if (err != cudaSuccess) raise_launch_error(err, q, op);
+  check_cuda(err, op);
   return {o.out, o.lse};
 }
 
@@ -868,7 +887,7 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
       return sm80::run_backward<decltype(tag), decltype(hd)::value, decltype(c)::value, decltype(sc)::value>(p, stream);
     });
   }
-  if (err != cudaSuccess) raise_launch_error(err, q, op);
+  check_cuda(err, op);
 }
 
 // The backward's kernels for the call: for v's head dim apart from q's and k's the Hopper backward's
