@@ -49,7 +49,7 @@ class Fp8Case:
                                self.causal)
 
 
-# DeepSeek-V3's prefill, 128 heads of 192/128, runs where the build has FA_FP8_HEAD_DIM_PAIRS=192/128.
+# DeepSeek-V3's prefill, 128 heads of 192/128, runs where the build has FA_FP8_HEAD_DIM_PAIRS=192/128 (the default).
 FP8_CASES = [Fp8Case(4, 64, 64, 8192, 128, c) for c in (False, True)] + \
             [Fp8Case(2, 16, 16, 16384, 128, c) for c in (False, True)] + \
             [Fp8Case(1, 64, 8, 16384, 128, c) for c in (False, True)] + \

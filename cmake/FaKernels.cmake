@@ -48,10 +48,9 @@
 # FA_FP8_HEAD_DIMS (of FA_HEAD_DIMS; 64 and 128, by default 128): the Hopper forward's kernels for float8_e4m3fn
 # q, k and v (entry run_forward_fp8, causal off and on, units sm90_fwd_fp8_hdim<D>[_causal]; the
 # output's dtype is chosen at run time), only where FA_CUDA_ARCHS has 90a.
-# FA_FP8_HEAD_DIM_PAIRS (D/Dv as FA_HEAD_DIM_PAIRS; by default none): the FP8 forward's kernels for
+# FA_FP8_HEAD_DIM_PAIRS (D/Dv as FA_HEAD_DIM_PAIRS; default 192/128): the FP8 forward's kernels for
 # v's head dim below q's and k's (the same entry, units sm90_fwd_fp8_hdim<D>v<Dv>[_causal]); a call
-# runs on the smallest pair that holds its D and Dv. Off by default: two units more in a build
-# that is close to the 5-minute install budget.
+# runs on the smallest pair that holds its D and Dv.
 set(FA_SUPPORTED_HEAD_DIMS 32 64 96 128 256)
 set(FA_FP8_SUPPORTED_HEAD_DIMS 64 128)
 set(FA_FP8_KV_SUPPORTED_HEAD_DIMS 64 128 256)
