@@ -106,6 +106,15 @@ def test_families_for_each_device():
     assert families_for([["sm80", "kvcache"], ["sm90", "fwd"]], ["90a"], (9, 0)) == ["sm90"]
 
 
+def test_arch_runs_on():
+    # The rule cuda_ops.cpp's check_device applies before every op (the build embeds SASS, no PTX).
+    from fa._info import arch_runs_on
+
+    assert arch_runs_on("80", (8, 9)) and arch_runs_on("86", (8, 6)) and not arch_runs_on("86", (8, 0))
+    assert arch_runs_on("90", (9, 0)) and not arch_runs_on("80", (9, 0))
+    assert arch_runs_on("100a", (10, 0)) and not arch_runs_on("100a", (10, 3)) and not arch_runs_on("90a", (10, 0))
+
+
 def test_family_setting_is_reported(monkeypatch):
     monkeypatch.setenv("FA_KERNEL_FAMILY", "sm80")
     assert fa.build_info()["kernel_family_setting"] == "sm80"
