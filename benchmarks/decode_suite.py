@@ -3,9 +3,10 @@ key/value cache, which is bound by memory bandwidth.
 
 Rows: (B 1, Hq 32, Hk 8, Sq 1, D 128, 131072 cached keys) contiguous; (B 32, Hq 32,
 Hk 8, Sq 1, D 128, 8192 keys) paged with page 16 and contiguous; (B 64, Hq 64, Hk 8, Sq 4, D 128,
-4096 keys) paged with page 256. Metric: the K and V bytes the call must read (B · Hk · keys · D ·
-2 tensors · element size) / time, beside the card's copy bandwidth measured in the same run (a
-1 GiB device-to-device copy: read + write bytes / time).
+4096 keys) paged with page 256; (B 16, Hq 128, Hk 128, Sq 1, D 192, Dv 128, 4096 keys) contiguous
+(DeepSeek-V3's heads of 192/128 without MLA's absorption). Metric: the K and V bytes the call
+must read (B · Hk · keys · (D + Dv) · element size) / time, beside the card's copy bandwidth
+measured in the same run (a 1 GiB device-to-device copy: read + write bytes / time).
 
 Implementations: fa (fa.attention_kvcache), fa-fp8 (the same with the cache in float8_e4m3fn: the
 16-bit cache divided by one scale and rounded, k_descale / v_descale of that scale for every
@@ -36,13 +37,19 @@ class DecodeCase:
     head_dim: int
     keys: int
     page_size: Optional[int] = None  # None: contiguous cache
+    head_dim_v: Optional[int] = None  # v's head dim where it differs from q's and k's
+
+    @property
+    def dv(self) -> int:
+        return self.head_dim_v or self.head_dim
 
     def kv_bytes(self, element_size: int) -> int:
-        return 2 * self.batch * self.heads_kv * self.keys * self.head_dim * element_size
+        return self.batch * self.heads_kv * self.keys * (self.head_dim + self.dv) * element_size
 
     def label(self) -> str:
         layout = f"paged {self.page_size}" if self.page_size else "contiguous"
-        return (f"B{self.batch} Hq{self.heads_q} Hk{self.heads_kv} Sq{self.seqlen_q} D{self.head_dim} "
+        dims = f"D{self.head_dim}" + (f"/{self.dv}" if self.dv != self.head_dim else "")
+        return (f"B{self.batch} Hq{self.heads_q} Hk{self.heads_kv} Sq{self.seqlen_q} {dims} "
                 f"{self.keys} keys, {layout}")
 
 
@@ -51,6 +58,7 @@ DECODE_CASES = [
     DecodeCase(32, 32, 8, 1, 128, 8192, 16),
     DecodeCase(32, 32, 8, 1, 128, 8192),
     DecodeCase(64, 64, 8, 4, 128, 4096, 256),
+    DecodeCase(16, 128, 128, 1, 192, 4096, head_dim_v=128),
 ]
 
 
@@ -64,18 +72,19 @@ def copy_bandwidth(gib: float = 1.0) -> float:
 
 def make_inputs(case: DecodeCase, dtype):
     """q (B, Hq, Sq, D); the cache in fa's layouts (contiguous (B, Hk, S, D), or paged (pages,
-    page, Hk, D) with a shuffled page table); every entry's cache full (cache_seqlens = keys)."""
+    page, Hk, D) with a shuffled page table; v's head dim Dv); every entry's cache full
+    (cache_seqlens = keys)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(case.batch, case.heads_q, case.seqlen_q, case.head_dim, device="cuda", dtype=dtype, generator=gen)
     seqlens = torch.full((case.batch,), case.keys, dtype=torch.int32, device="cuda")
     if case.page_size is None:
-        shape = (case.batch, case.heads_kv, case.keys, case.head_dim)
-        k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+        shape = (case.batch, case.heads_kv, case.keys)
+        k, v = (torch.randn(shape + (d,), device="cuda", dtype=dtype, generator=gen) for d in (case.head_dim, case.dv))
         return q, k, v, seqlens, None
     pages_per_entry = case.keys // case.page_size
     num_pages = case.batch * pages_per_entry
-    shape = (num_pages, case.page_size, case.heads_kv, case.head_dim)
-    k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    shape = (num_pages, case.page_size, case.heads_kv)
+    k, v = (torch.randn(shape + (d,), device="cuda", dtype=dtype, generator=gen) for d in (case.head_dim, case.dv))
     order = torch.randperm(num_pages, device="cuda", generator=gen)
     return q, k, v, seqlens, order.view(case.batch, pages_per_entry).to(torch.int32)
 
@@ -98,7 +107,7 @@ def fp8_inputs(inputs):
 
 
 def make_decode_impl(name: str, case: DecodeCase) -> Callable:
-    """fn(q, k_cache, v_cache, seqlens, page_table) -> (B, Hq, Sq, D) output (causal); fa-fp8's
+    """fn(q, k_cache, v_cache, seqlens, page_table) -> (B, Hq, Sq, Dv) output (causal); fa-fp8's
     takes fp8_inputs' (q, k8, v8, seqlens, page_table, k_descale, v_descale)."""
     if name == "fa":
         import fa

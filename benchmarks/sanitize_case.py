@@ -27,12 +27,13 @@ one-row and odd-length ones, Sq != Sk per sequence, on each family.
 kvcache: fa.attention_kvcache against contiguous and paged caches (pages of 16 and 256, a shuffled
 page table), empty and odd-length entries, Sq 1 and 3, one split and several, left-padded
 contiguous caches (cache_leftpad, a pad covering a whole entry among them), on both decode
-kernels (group · Sq up to 16 packed rows, and more), and again as a GPU with 99 KB of shared memory
-a CTA (FA_MAX_SHARED_MEMORY) would run some of them.
+kernels (group · Sq up to 16 packed rows, and more), v's head dim apart from q's and k's (192/128,
+64/128: each read at its own width from the last rows of its buffer), and again as a GPU with 99 KB
+of shared memory a CTA (FA_MAX_SHARED_MEMORY) would run some of them.
 fp8kv: fa.attention_kvcache with float8_e4m3fn caches and descales, fp16 and bf16 queries, at the
 FP8 head dims built (FA_FP8_KV_HEAD_DIMS), contiguous and paged (16, 256), both FP8 tiles (4 and 32
 packed rows), one split and several, a window with sinks and soft-capping, and the 32-row tile as a
-GPU with 99 KB would run 16 rows on it.
+GPU with 99 KB would run 16 rows on it; 192/128 (v's head dim apart) on the D = 256 tile.
 fp8: the FP8 forward (float8_e4m3fn q, k, v; the Hopper family, skipped elsewhere), at the head dims
 built (FA_FP8_HEAD_DIMS) and below them (a zero-padded head dim): causal and not, descales and
 none, odd lengths with Sq != Sk, GQA, rows that see no key, a window with sinks, more query tiles
@@ -114,6 +115,7 @@ def varlen():
 
 def kvcache():
     kvcache_cases()
+    kvcache_cases(((8, 192, 128), (36, 192, 128), (8, 64, 128)))  # (hq, D, Dv): v's head dim apart
     # As a GPU with 99 KB of shared memory a CTA (sm86/sm89) would run them: the 64-row tile only,
     # with two K/V buffers at D = 128.
     os.environ["FA_MAX_SHARED_MEMORY"] = str(99 * 1024)
@@ -127,19 +129,23 @@ def kvcache_cases(heads_and_dims=((8, 64), (8, 128), (8, 256), (36, 64), (36, 12
     leftpad = torch.tensor([0, 1, 13, 0, 200], dtype=torch.int32, device="cuda")
     b, hk = used.numel(), 2
     # 8 query heads: 4 or 12 packed rows (the key-splitting decode kernel's 16-row tile); 36: 18
-    # (its 32-row tile up to D = 128) or 54 (the 64-row decode tile).
-    for hq, d in heads_and_dims:
+    # (its 32-row tile up to D = 128) or 54 (the 64-row decode tile). (hq, D, Dv): v's head dim Dv.
+    half = dict(device="cuda", dtype=torch.float16)
+    for hq, d, *dv in heads_and_dims:
+        dv = dv[0] if dv else d
         for sq in (1, 3):
-            q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.float16)
-            k = torch.randn(b, hk, 520, d, device="cuda", dtype=torch.float16)  # capacity past the longest
+            q = torch.randn(b, hq, sq, d, **half)
+            k = torch.randn(b, hk, 520, d, **half)  # capacity past the longest
             for splits in (1, 5):
-                fa.attention_kvcache(q, k, torch.randn_like(k), used, num_splits=splits)
-                fa.attention_kvcache(q, k, torch.randn_like(k), used, num_splits=splits, cache_leftpad=leftpad)
+                fa.attention_kvcache(q, k, torch.randn(b, hk, 520, dv, **half), used, num_splits=splits)
+                fa.attention_kvcache(q, k, torch.randn(b, hk, 520, dv, **half), used, num_splits=splits,
+                                     cache_leftpad=leftpad)
                 for page in (16, 256):
                     pages_per_entry = (520 + page - 1) // page
                     table = torch.randperm(b * pages_per_entry, device="cuda").int().view(b, pages_per_entry)
-                    kp = torch.randn(b * pages_per_entry, page, hk, d, device="cuda", dtype=torch.float16)
-                    fa.attention_kvcache(q, kp, torch.randn_like(kp), used, table, causal=sq == 3, num_splits=splits)
+                    kp = torch.randn(b * pages_per_entry, page, hk, d, **half)
+                    vp = torch.randn(b * pages_per_entry, page, hk, dv, **half)
+                    fa.attention_kvcache(q, kp, vp, used, table, causal=sq == 3, num_splits=splits)
 
 
 def fp8kv():
@@ -161,6 +167,13 @@ def fp8kv():
                         kp = torch.randn(b * pages_per_entry, page, hk, d, device="cuda").to(fp8)
                         fa.attention_kvcache(q, kp, kp, used, table, num_splits=splits, window_size=(100, 0),
                                              softcap=20.0, sinks=torch.randn(hq, device="cuda"), k_descale=descale)
+    if 256 in fa.build_info()["fp8_kv_cache_head_dims"]:  # 192/128 (on the D = 256 tile), 2 and 16 rows
+        for hq, sq in ((4, 1), (8, 2)):
+            q = torch.randn(b, hq, sq, 192, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(b, hk, 520, 192, device="cuda").to(fp8)
+            v = torch.randn(b, hk, 520, 128, device="cuda").to(fp8)
+            for splits in (1, 5):
+                fa.attention_kvcache(q, k, v, used, num_splits=splits, k_descale=descale, v_descale=descale)
     os.environ["FA_MAX_SHARED_MEMORY"] = str(99 * 1024)
     q = torch.randn(b, 8, 2, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, hk, 520, 128, device="cuda").to(fp8)

@@ -99,7 +99,7 @@ def naive_attention(q, k, v, causal=False, scale=None, dtype=torch.float64):
             s = s.masked_fill(hidden, -math.inf)
         empty_rows = torch.isinf(s).all(dim=-1, keepdim=True) if sk else None
         if sk == 0:
-            outs.append(torch.zeros_like(qs))
+            outs.append(qs.new_zeros(qs.shape[:-1] + vs.shape[-1:]))  # v's head dim
             lses.append(torch.full(qs.shape[:-1], -math.inf, dtype=dtype, device=q.device))
             continue
         lses.append(torch.logsumexp(s.float() if dtype != torch.float64 else s, dim=-1))

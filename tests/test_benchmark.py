@@ -338,6 +338,9 @@ def test_decode_suite_rows_and_bytes():
     assert labels[0] == "B1 Hq32 Hk8 Sq1 D128 131072 keys, contiguous"
     assert any("paged 16" in x for x in labels) and any("paged 256" in x for x in labels)
     assert decode_suite.DECODE_CASES[0].kv_bytes(2) == 2 * 1 * 8 * 131072 * 128 * 2
+    dv_case = decode_suite.DECODE_CASES[-1]  # v's head dim apart: K's bytes at D, V's at Dv
+    assert dv_case.label() == "B16 Hq128 Hk128 Sq1 D192/128 4096 keys, contiguous"
+    assert dv_case.kv_bytes(2) == 16 * 128 * 4096 * (192 + 128) * 2
     args = bench.parse_args(["--suite", "decode"])
     assert args.impl == decode_suite.DECODE_IMPLS
 

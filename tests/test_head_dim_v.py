@@ -3,13 +3,17 @@ Dv = 128. The output takes Dv. The CPU path computes everything (the reference).
 family runs it on the kernels of FA_HEAD_DIM_PAIRS (a pair D'/Dv' with D' >= D, Dv' >= Dv; the
 backward's pairs are those with D' above 128 and Dv' a multiple of 128); other pairs' backward, the
 Ampere family and soft-capping run the kernels of one head dim on copies padded with zero columns;
-the KV cache raises a clear error."""
+the KV cache runs on the kernel of a head dim holding both, which reads each at its own width."""
 
 import pytest
 import torch
 
 import fa
 from helpers import assert_within_lowp_error, skip_unless_built, skip_unless_softcap_built, variant_attention
+from test_kvcache import check as check_kvcache
+from test_kvcache import make_cache
+from test_kvcache_fp8 import check as check_kvcache_fp8
+from test_kvcache_fp8 import make_fp8_cache
 from test_variants import run_and_grads
 
 
@@ -17,9 +21,6 @@ def qkv(b, hq, hk, sq, sk, d, dv, dtype, device, seed=0):
     gen = torch.Generator().manual_seed(seed)
     make = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype).to(device)  # noqa: E731
     return make(b, hq, sq, d), make(b, hk, sk, d), make(b, hk, sk, dv)
-
-
-ONE_HEAD_DIM_ERROR = "take one head dim for q, k and v for now"
 
 
 def skip_unless_padded_dim_built(device, d, dv):
@@ -183,42 +184,27 @@ def test_varlen(device):
             assert_within_lowp_error(f"{name}[{i}]", g.transpose(0, 1).unsqueeze(0), r, lp)
 
 
-@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-def test_kvcache(device, paged):
-    b, hq, hk, sq, d, dv, capacity = 3, 4, 2, 2, 192, 128, 64
-    used = [0, 17, 64]
-    gen = torch.Generator().manual_seed(2)
-    make = lambda *shape: torch.randn(*shape, generator=gen).to(torch.float16).to(device)  # noqa: E731
-    q = make(b, hq, sq, d)
-    keys = [make(1, hk, n, d) for n in used]
-    values = [make(1, hk, n, dv) for n in used]
-    seqlens = torch.tensor(used, dtype=torch.int32, device=device)
-    k_cache = torch.zeros(b, hk, capacity, d, dtype=q.dtype, device=device)
-    v_cache = torch.zeros(b, hk, capacity, dv, dtype=q.dtype, device=device)
-    for i, n in enumerate(used):
-        k_cache[i, :, :n], v_cache[i, :, :n] = keys[i][0], values[i][0]
-    page_table = None
-    if paged:  # pages of 16 rows, entry i's pages in reverse order
-        pages = capacity // 16
-        page_table = torch.tensor([[i * pages + pages - 1 - p for p in range(pages)] for i in range(b)],
-                                  dtype=torch.int32, device=device)
-        k_paged = torch.empty(b * pages, 16, hk, d, dtype=q.dtype, device=device)
-        v_paged = torch.empty(b * pages, 16, hk, dv, dtype=q.dtype, device=device)
-        for i in range(b):
-            for p in range(pages):
-                k_paged[page_table[i, p]] = k_cache[i, :, p * 16:(p + 1) * 16].transpose(0, 1)
-                v_paged[page_table[i, p]] = v_cache[i, :, p * 16:(p + 1) * 16].transpose(0, 1)
-        k_cache, v_cache = k_paged, v_paged
-    if device != "cpu":
-        with pytest.raises(RuntimeError, match="fa.forward_kvcache: .*" + ONE_HEAD_DIM_ERROR):
-            fa.attention_kvcache(q, k_cache, v_cache, seqlens, page_table)
-        return
-    out = fa.attention_kvcache(q, k_cache, v_cache, seqlens, page_table, window_size=(10, 0))
-    assert out.shape == (b, hq, sq, dv)
-    for i in range(b):
-        ref, _ = variant_attention(q[i:i + 1], keys[i], values[i], True, (10, 0))
-        lowp, _ = variant_attention(q[i:i + 1], keys[i], values[i], True, (10, 0), dtype=q.dtype)
-        assert_within_lowp_error(f"out[{i}]", out[i:i + 1], ref, lowp)
+# The Ampere family's KV-cache kernel of a head dim holding both (192/128 on D = 256's, 64/128 on
+# D = 128's), each read at its own width; group · Sq packed rows of 4 and 40 (the key-splitting
+# kernel's 16-row tile; the 64-row decode tile of sm80/fwd_kernel.h), one split and three.
+@pytest.mark.parametrize("d,dv", [(192, 128), (64, 128)], ids=["192-128", "64-128"])
+@pytest.mark.parametrize("sq", [2, 20], ids=["rows4", "rows40"])
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["one-split", "splits3"])
+@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_kvcache(device, d, dv, sq, num_splits, page_size, dtype):
+    cache = make_cache([0, 17, 203], 4, 2, sq, d, dtype, device, capacity=208, page_size=page_size, seed=2, dv=dv)
+    check_kvcache(*cache, causal=True, num_splits=num_splits)
+
+
+# float8_e4m3fn caches with descales: 192/128 on the FP8 tile of D = 256, 2 and 16 packed rows.
+@pytest.mark.parametrize("sq", [1, 4], ids=["rows4", "rows16"])
+@pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_kvcache_fp8(device, sq, page_size, dtype):
+    cache = make_fp8_cache([0, 1, 150, 77], 4, 2, sq, 192, dtype, device, page_size=page_size, dv=128)
+    for num_splits in (1, 3):
+        check_kvcache_fp8(*cache, num_splits=num_splits, window=(100, 0))
 
 
 @pytest.mark.parametrize("shapes,match", [

@@ -9,22 +9,24 @@ from helpers import (assert_within_lowp_error, cuda_families, naive_attention, p
                      variant_attention)
 
 
-def make_cache(used, hq, hk, sq, d, dtype, device, capacity=None, page_size=None, seed=0):
+def make_cache(used, hq, hk, sq, d, dtype, device, capacity=None, page_size=None, seed=0, dv=None):
     """q (B, hq, sq, d) and a cache holding len(used) sequences of used[b] keys: contiguous
     (B, hk, capacity, d), or paged (num_pages, page_size, hk, d) with a shuffled page table (and
-    spare pages). Returns q, k_cache, v_cache, cache_seqlens, page_table, and the dense keys and
-    values of each entry ((1, hk, used[b], d) each) for the reference."""
-    skip_unless_built(d, device)
+    spare pages); v_cache's head dim dv (default d). Returns q, k_cache, v_cache, cache_seqlens,
+    page_table, and the dense keys and values of each entry ((1, hk, used[b], d or dv) each) for the
+    reference."""
+    dv = dv or d
+    skip_unless_built(max(d, dv), device)  # the KV-cache kernel of a head dim holding both
     gen = torch.Generator().manual_seed(seed)
     b = len(used)
     capacity = capacity or max(used + [1])
     q = torch.randn(b, hq, sq, d, generator=gen).to(device, dtype)
     keys = [torch.randn(1, hk, n, d, generator=gen).to(device, dtype) for n in used]
-    values = [torch.randn(1, hk, n, d, generator=gen).to(device, dtype) for n in used]
+    values = [torch.randn(1, hk, n, dv, generator=gen).to(device, dtype) for n in used]
     seqlens = torch.tensor(used, dtype=torch.int32, device=device)
     if page_size is None:
         k_cache = torch.randn(b, hk, capacity, d, generator=gen).to(device, dtype)  # garbage past used
-        v_cache = torch.randn(b, hk, capacity, d, generator=gen).to(device, dtype)
+        v_cache = torch.randn(b, hk, capacity, dv, generator=gen).to(device, dtype)
         for i, n in enumerate(used):
             k_cache[i, :, :n], v_cache[i, :, :n] = keys[i][0], values[i][0]
         return q, k_cache, v_cache, seqlens, None, keys, values
@@ -33,7 +35,7 @@ def make_cache(used, hq, hk, sq, d, dtype, device, capacity=None, page_size=None
     order = torch.randperm(num_pages, generator=gen)
     page_table = order[: b * max_pages].view(b, max_pages).to(torch.int32)
     k_cache = torch.randn(num_pages, page_size, hk, d, generator=gen).to(device, dtype)
-    v_cache = torch.randn(num_pages, page_size, hk, d, generator=gen).to(device, dtype)
+    v_cache = torch.randn(num_pages, page_size, hk, dv, generator=gen).to(device, dtype)
     for i, n in enumerate(used):
         for t in range(n):
             page, row = page_table[i, t // page_size].item(), t % page_size
@@ -48,12 +50,13 @@ def reference(q, keys, values, causal, dtype):
 
 
 def check(q, k_cache, v_cache, seqlens, page_table, keys, values, causal=True, num_splits=0):
-    poison_cuda_allocator((q.shape, q.dtype), (q.shape[:3], torch.float32), device=q.device)
+    out_shape = q.shape[:3] + v_cache.shape[-1:]  # v's head dim
+    poison_cuda_allocator((out_shape, q.dtype), (q.shape[:3], torch.float32), device=q.device)
     out, lse = fa.attention_kvcache(q, k_cache, v_cache, seqlens, page_table, causal=causal, num_splits=num_splits,
                                     return_lse=True)
     ref_out, ref_lse = reference(q, keys, values, causal, torch.float64)
     lowp_out, _ = reference(q, keys, values, causal, q.dtype)
-    assert out.shape == q.shape and lse.shape == q.shape[:3]
+    assert out.shape == out_shape and lse.shape == q.shape[:3]
     assert_within_lowp_error("out", out, ref_out, lowp_out)
     seen = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), seen), "lse must be -inf exactly for rows that see no key"

@@ -21,12 +21,12 @@ def skip_unless_fp8_built(d, device):
         pytest.skip(f"this build has no float8_e4m3fn KV-cache kernel for head dim {d} ({built})")
 
 
-def make_fp8_cache(used, hq, hk, sq, d, dtype, device, page_size=None, descale=True, magnitude=1.0, seed=0):
+def make_fp8_cache(used, hq, hk, sq, d, dtype, device, page_size=None, descale=True, magnitude=1.0, seed=0, dv=None):
     """make_cache's q and cache with the cache in e4m3 (values of about `magnitude`, up to e4m3's
-    448), random descales in [0.25, 4] (or None), and each entry's keys and values as the
-    reference sees them: the e4m3 values times their descales, float64."""
-    skip_unless_fp8_built(d, device)
-    q, k, v, seqlens, pages, keys, values = make_cache(used, hq, hk, sq, d, torch.float32, "cpu",
+    448; v's head dim dv, default d), random descales in [0.25, 4] (or None), and each entry's keys
+    and values as the reference sees them: the e4m3 values times their descales, float64."""
+    skip_unless_fp8_built(max(d, dv or d), device)
+    q, k, v, seqlens, pages, keys, values = make_cache(used, hq, hk, sq, d, torch.float32, "cpu", dv=dv,
                                                        capacity=max(used + [1]), page_size=page_size, seed=seed)
     gen = torch.Generator().manual_seed(seed + 1)
     quantise = lambda t: (t * magnitude).clamp(-448, 448).to(FP8)  # noqa: E731 (e4m3 has no infinity)
@@ -46,10 +46,11 @@ def make_fp8_cache(used, hq, hk, sq, d, dtype, device, page_size=None, descale=T
 
 def check(q, k8, v8, seqlens, pages, kd, vd, ref_k, ref_v, causal=True, window=(-1, -1), softcap=0.0, sinks=None,
           num_splits=0):
-    poison_cuda_allocator((q.shape, q.dtype), (q.shape[:3], torch.float32), device=q.device)
+    out_shape = q.shape[:3] + v8.shape[-1:]  # v's head dim
+    poison_cuda_allocator((out_shape, q.dtype), (q.shape[:3], torch.float32), device=q.device)
     out, lse = fa.attention_kvcache(q, k8, v8, seqlens, pages, causal=causal, window_size=window, softcap=softcap,
                                     sinks=sinks, num_splits=num_splits, k_descale=kd, v_descale=vd, return_lse=True)
-    assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == q.shape[:3]
+    assert out.dtype == q.dtype and out.shape == out_shape and lse.shape == q.shape[:3]
     for i in range(q.size(0)):
         args = (q[i:i + 1], ref_k[i], ref_v[i], causal, window, softcap, sinks)
         ref, ref_lse = variant_attention(*args)

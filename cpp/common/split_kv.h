@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const _
   Element* out = static_cast<Element*>(p.out) + seq.q_offset(p.out_stride, batch, head) + int64_t(row) * p.out_stride.row;
   const float* partial = p.out_accum + r * p.head_dim_accum;
   const int64_t partial_stride = split_stride * p.head_dim_accum;  // from one split's row to the next's
-  for (int col = threadIdx.x; col < p.head_dim; col += kCombineThreads) {
+  for (int col = threadIdx.x; col < p.head_dim_v; col += kCombineThreads) {
     float acc = 0.f;
 #pragma unroll kCombineUnroll
     for (int s = 0; s < p.num_splits; ++s) acc += weights[s] * partial[s * partial_stride + col];

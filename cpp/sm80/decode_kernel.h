@@ -153,6 +153,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   auto gmem_thr_kv = gmem_copy_kv.get_thread_slice(lane);
   Tensor tKVcKV = gmem_thr_kv.partition_S(make_identity_tensor(KVTile{}));
   const auto col_ok = column_predicates(tKVcKV, params.head_dim);
+  const auto col_ok_v = column_predicates(tKVcKV, params.head_dim_v);  // v's head dim may differ
   Tensor tKsK = gmem_thr_kv.partition_D(sK);
   Tensor tVsV = gmem_thr_kv.partition_D(sV);
 
@@ -189,7 +190,7 @@ __global__ void __launch_bounds__(Config::kThreads)
           group_row[g] = key % params.page_size;
         }
       }
-      auto gather = [&](const void* base, const Strides& s, auto&& dst) {
+      auto gather = [&](const void* base, const Strides& s, auto const& cols, auto&& dst) {
         const ElementKV* head_base = static_cast<const ElementKV*>(base) + tile_rows.head_kv * s.head;
         copy_rows_zero_fill(gmem_copy_kv, [&](int row) {  // (a row past the end: row 0's address)
           if constexpr (kFp8) {
@@ -205,15 +206,15 @@ __global__ void __launch_bounds__(Config::kThreads)
             return head_base + int64_t(pages[key / params.page_size]) * s.batch +
                    int64_t(key % params.page_size) * s.row;
           }
-        }, dst, tKVcKV, col_ok, keys_left);
+        }, dst, tKVcKV, cols, keys_left);
       };
-      gather(params.k, params.k_stride, pick(stage, tKsK));
-      gather(params.v, params.v_stride, pick(stage, tVsV));
+      gather(params.k, params.k_stride, col_ok, pick(stage, tKsK));
+      gather(params.v, params.v_stride, col_ok_v, pick(stage, tVsV));
       return;
     }
     constexpr bool kCheck = decltype(check_rows)::value;
     copy_tile_zero_fill<kCheck>(gmem_copy_kv, tKgK(_, _, _, slice), pick(stage, tKsK), tKVcKV, col_ok, keys_left);
-    copy_tile_zero_fill<kCheck>(gmem_copy_kv, tVgV(_, _, _, slice), pick(stage, tVsV), tKVcKV, col_ok, keys_left);
+    copy_tile_zero_fill<kCheck>(gmem_copy_kv, tVgV(_, _, _, slice), pick(stage, tVsV), tKVcKV, col_ok_v, keys_left);
   };
   // Calls fn with the buffer of key tile n (n % kStages), a compile-time constant but for FP8.
   auto in_buffer_of = [](int n, auto&& fn) {
@@ -474,7 +475,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   const bool to_accum = params.num_splits > 1;
   for (int i = tid; i < kRows * kChunks; i += Config::kThreads) {
     const int row = i / kChunks, col = i % kChunks * 8;
-    if (row >= rows_left || col >= params.head_dim) continue;
+    if (row >= rows_left || col >= params.head_dim_v) continue;
     // A sink joins here, as one more term without a value (a split's partial result leaves it to
     // the combine).
     const float sink = params.sinks != nullptr && !to_accum ? params.sinks[tile_rows.head_of(row)] : -INFINITY;

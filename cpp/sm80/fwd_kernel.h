@@ -136,12 +136,15 @@ __global__ void __launch_bounds__(Config::kThreads)
   auto gmem_thr_o = gmem_copy_o.get_thread_slice(tid);
   Tensor tOcO = gmem_thr_o.partition_D(make_identity_tensor(QTile{}));
   const auto col_ok = column_predicates(tOcO, params.head_dim);
+  // v's and the output's columns: a KV-cache call's v may have a head dim apart from q's and k's
+  // (the tile holds both); the dense forward's calls have one.
+  const auto col_ok_v = column_predicates(tOcO, kDecode ? params.head_dim_v : params.head_dim);
 
   if (to_accum && tile_begin == tile_end) {  // no key tile in this split: partial output 0, lse -inf
     for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) {
       params.lse_accum[rows.accum_row(r)] = -INFINITY;
       float* out = params.out_accum + rows.accum_row(r) * params.head_dim_accum;
-      for (int c = 0; c < params.head_dim; ++c) out[c] = 0.f;
+      for (int c = 0; c < params.head_dim_v; ++c) out[c] = 0.f;
     }
     return;
   }
@@ -149,7 +152,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     Tensor zeros = make_tensor<Element>(shape(tOcO));
     clear(zeros);
     if constexpr (kDecode) {
-      store_rows_predicated(gmem_copy_o, zeros, out_row, tOcO, col_ok, rows_left);
+      store_rows_predicated(gmem_copy_o, zeros, out_row, tOcO, col_ok_v, rows_left);
       for (int r = tid; r < min(kBlockM, rows_left); r += Config::kThreads) rows.lse_at(r) = sink_of_row(r);
     } else {
       store_tile_predicated(gmem_copy_o, zeros, gmem_thr_o.partition_D(output_tile()), tOcO, col_ok,
@@ -215,9 +218,9 @@ __global__ void __launch_bounds__(Config::kThreads)
   auto pick = [](auto stage, auto const& buffer0) {
     return make_tensor(buffer0.data() + decltype(stage)::value * kKVElems, buffer0.layout());
   };
-  // Tile n's K (or V) into its buffer; only the last tile (loaded first) can be partial. A paged
-  // cache's rows are gathered through the page table, row by row.
-  auto load_tile = [&](auto const& tXgX, auto&& tXsX, int n, auto check_rows) {
+  // Tile n's K (or V) into its buffer, its columns where `cols` holds; only the last tile (loaded
+  // first) can be partial. A paged cache's rows are gathered through the page table, row by row.
+  auto load_tile = [&](auto const& tXgX, auto const& cols, auto&& tXsX, int n, auto check_rows) {
     if constexpr (kDecode) {
       if (params.page_table != nullptr) {
         const bool is_k = &tXgX == &tKgK;  // which of the two tensors; resolved where it is inlined
@@ -227,12 +230,12 @@ __global__ void __launch_bounds__(Config::kThreads)
         copy_rows_zero_fill(gmem_copy, [&](int row) {
           const int key = n * kBlockN + row;
           return base + int64_t(pages[key / params.page_size]) * s.batch + int64_t(key % params.page_size) * s.row;
-        }, tXsX, tKVcKV, col_ok, seq.seqlen_k - n * kBlockN);
+        }, tXsX, tKVcKV, cols, seq.seqlen_k - n * kBlockN);
         return;
       }
     }
     copy_tile_zero_fill<decltype(check_rows)::value>(gmem_copy, tXgX(_, _, _, n), tXsX,
-                                                     tKVcKV, col_ok, seq.seqlen_k - n * kBlockN);
+                                                     tKVcKV, cols, seq.seqlen_k - n * kBlockN);
   };
 
   // Calls fn with the buffer of key tile n (n % kStages) as a compile-time constant.
@@ -255,8 +258,8 @@ __global__ void __launch_bounds__(Config::kThreads)
     copy_tile_zero_fill<true>(gmem_copy, tQgQ, tQsQ, tQcQ, col_ok, rows_left);
   }
   in_buffer_of(n, [&](auto stage) {
-    load_tile(tKgK, pick(stage, tKsK), n, true_type{});
-    if constexpr (kStages >= 2) load_tile(tVgV, pick(stage, tVsV), n, true_type{});
+    load_tile(tKgK, col_ok, pick(stage, tKsK), n, true_type{});
+    if constexpr (kStages >= 2) load_tile(tVgV, col_ok_v, pick(stage, tVsV), n, true_type{});
   });
   cp_async_fence();
   if constexpr (kStages >= 3) {  // and tiles n-1 … n-(kStages-2): kStages-1 tiles in flight from here on
@@ -264,8 +267,8 @@ __global__ void __launch_bounds__(Config::kThreads)
     for (int ahead = 1; ahead <= kStages - 2; ++ahead) {
       if (n - ahead >= tile_begin) {
         in_buffer_of(n - ahead, [&](auto stage) {
-          load_tile(tKgK, pick(stage, tKsK), n - ahead, false_type{});
-          load_tile(tVgV, pick(stage, tVsV), n - ahead, false_type{});
+          load_tile(tKgK, col_ok, pick(stage, tKsK), n - ahead, false_type{});
+          load_tile(tVgV, col_ok_v, pick(stage, tVsV), n - ahead, false_type{});
         });
       }
       cp_async_fence();  // one commit group per tile, empty or not, so that step n can wait for its own
@@ -286,19 +289,19 @@ __global__ void __launch_bounds__(Config::kThreads)
     }
     __syncthreads();
     if constexpr (kStages == 1) {
-      load_tile(tVgV, pick(stage, tVsV), n, masked);  // lands while S = Q K[n]ᵀ runs
+      load_tile(tVgV, col_ok_v, pick(stage, tVsV), n, masked);  // lands while S = Q K[n]ᵀ runs
       cp_async_fence();
     } else if constexpr (kStages >= 3) {  // tile n-(kStages-1), into tile n+1's buffer
       if (n - (kStages - 1) >= tile_begin) {
         using Next = Int<(decltype(stage)::value + 1) % kStages>;
-        load_tile(tKgK, pick(Next{}, tKsK), n - (kStages - 1), false_type{});
-        load_tile(tVgV, pick(Next{}, tVsV), n - (kStages - 1), false_type{});
+        load_tile(tKgK, col_ok, pick(Next{}, tKsK), n - (kStages - 1), false_type{});
+        load_tile(tVgV, col_ok_v, pick(Next{}, tVsV), n - (kStages - 1), false_type{});
       }
       cp_async_fence();
     } else if (n > tile_begin) {  // tile n-1 lands while this whole step runs
       constexpr int kNext = 1 - decltype(stage)::value;
-      load_tile(tKgK, pick(Int<kNext>{}, tKsK), n - 1, false_type{});
-      load_tile(tVgV, pick(Int<kNext>{}, tVsV), n - 1, false_type{});
+      load_tile(tKgK, col_ok, pick(Int<kNext>{}, tKsK), n - 1, false_type{});
+      load_tile(tVgV, col_ok_v, pick(Int<kNext>{}, tVsV), n - 1, false_type{});
       cp_async_fence();
     }
 
@@ -319,7 +322,7 @@ __global__ void __launch_bounds__(Config::kThreads)
       __syncthreads();
       if (n > tile_begin) {
         // lands while the softmax and O += P V run
-        load_tile(tKgK, pick(stage, tKsK), n - 1, false_type{});
+        load_tile(tKgK, col_ok, pick(stage, tKsK), n - 1, false_type{});
         cp_async_fence();
       }
     }
@@ -364,7 +367,7 @@ __global__ void __launch_bounds__(Config::kThreads)
       CUTE_UNROLL
       for (int c = 0; c < size<1>(out_rows); ++c) {
         const int col = get<1>(acc_coords(r, c));
-        if (col < params.head_dim) out[col] = out_rows(r, c);
+        if (col < params.head_dim_v) out[col] = out_rows(r, c);
       }
     }
     return;
@@ -396,7 +399,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   Tensor tOrO = make_tensor<Element>(shape(tOcO));
   copy(gmem_copy_o, gmem_thr_o.partition_S(sO), tOrO);
   if constexpr (kDecode) {
-    store_rows_predicated(gmem_copy_o, tOrO, out_row, tOcO, col_ok, rows_left);
+    store_rows_predicated(gmem_copy_o, tOrO, out_row, tOcO, col_ok_v, rows_left);
   } else {
     store_tile_predicated(gmem_copy_o, tOrO, gmem_thr_o.partition_D(output_tile()), tOcO, col_ok,
                           rows_left);

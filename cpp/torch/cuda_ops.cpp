@@ -339,14 +339,6 @@ cudaError_t dispatch(ScalarType dtype, const Kernels& kernels, bool causal, cons
   });
 }
 
-// The KV-cache kernels take one head dim for q, k and v (v's may differ in the other ops: the Hopper
-// forward's pair kernels, or padding; and on the CPU path).
-void check_one_head_dim(const AttentionShape& s, const char* op) {
-  FA_CHECK(s.head_dim_v == s.head_dim, op, ": v's head_dim ", str_of(s.head_dim_v), " differs from q's and k's ",
-           str_of(s.head_dim), "; fa's CUDA kernels for ", op, " take one head dim for q, k and v for now (the ",
-           "CPU path takes both)");
-}
-
 // The Hopper kernels in the direction for v's head dim apart from q's and k's: the smallest pair
 // D'/Dv' of FA_HEAD_DIM_PAIRS (the backward: those with D' above 128 and Dv' a multiple of 128) with
 // D' >= D and Dv' >= Dv (its tiles zero-fill the columns past D and Dv), where one serves the call
@@ -696,12 +688,15 @@ int64_t default_splits(const KVCacheShape& s, const Variant& v, const Tensor& q)
   return std::max<int64_t>(1, std::min({sms / ctas, (keys + 255) / 256, kMaxSplits}));
 }
 
-// An FP8 cache's kernel head dim for a call (the smallest of FA_FP8_KV_HEAD_DIMS holding it), after
-// the checks only those kernels need: a head dim in whole 16-byte vectors of bytes, and at most
-// fp8_kvcache_max_rows query rows a kv head.
+// An FP8 cache's kernel head dim for a call (the smallest of FA_FP8_KV_HEAD_DIMS holding q's and k's
+// and v's), after the checks only those kernels need: head dims in whole 16-byte vectors of bytes,
+// and at most fp8_kvcache_max_rows query rows a kv head.
 int fp8_kvcache_head_dim(const KVCacheShape& s, const char* op) {
-  const int best = fp8_kernel_head_dim(build_config::kSm80Fp8KvHeadDims, s.head_dim, "float8_e4m3fn caches",
-                                       "FA_FP8_KV_HEAD_DIMS", op);
+  FA_CHECK(s.head_dim % 16 == 0 && s.head_dim_v % 16 == 0, op, ": with float8_e4m3fn caches on CUDA, head_dim ",
+           "must be a multiple of 16, got ", str_of(s.head_dim),
+           s.head_dim_v != s.head_dim ? " (q, k) and " + str_of(s.head_dim_v) + " (v)" : std::string());
+  const int best = fp8_kernel_head_dim(build_config::kSm80Fp8KvHeadDims, std::max(s.head_dim, s.head_dim_v),
+                                       "float8_e4m3fn caches", "FA_FP8_KV_HEAD_DIMS", op);
   const int64_t rows = s.group_size() * s.seqlen_q;
   FA_CHECK(rows <= fp8_kvcache_max_rows(best), op, ": with float8_e4m3fn caches, a kv head's query rows ",
            "(heads_q / heads_kv · seqlen_q) may be at most ", str_of(int64_t(fp8_kvcache_max_rows(best))),
@@ -720,7 +715,6 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
   constexpr const char* op = "fa.forward_kvcache";
   const KVCacheShape s = check_kvcache_inputs(q_in, k_in, v_in, cache_seqlens_in, page_table_in, cache_leftpad_in,
                                               num_splits, k_descale, v_descale);
-  check_one_head_dim(s, op);
   const int fp8_head_dim = s.fp8 ? fp8_kvcache_head_dim(s, op) : 0;
   const Variant variant = check_variant(op, causal, window_left, window_right, softcap, sinks, q_in, s.heads_q);
   const float scale = resolve_softmax_scale(softmax_scale, s.head_dim);
@@ -757,14 +751,16 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
   p.num_splits = static_cast<int>(splits);
   std::optional<Tensor> out_accum, lse_accum;
   if (splits > 1) {
-    out_accum = torch::stable::new_empty(q, {splits, s.batch, s.heads_q, s.seqlen_q, s.head_dim}, ScalarType::Float);
+    out_accum = torch::stable::new_empty(q, {splits, s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, ScalarType::Float);
     lse_accum = torch::stable::new_empty(q, {splits, s.batch, s.heads_q, s.seqlen_q}, ScalarType::Float);
     p.out_accum = static_cast<float*>(out_accum->data_ptr());
     p.lse_accum = static_cast<float*>(lse_accum->data_ptr());
-    p.head_dim_accum = static_cast<int>(s.head_dim);
+    p.head_dim_accum = static_cast<int>(s.head_dim_v);
   }
   // Decoding is bound by memory bandwidth: the Ampere family serves it on every GPU. Its KV-cache
-  // kernels take the mask at run time (one instantiation serves all).
+  // kernels take the mask at run time (one instantiation serves all), and v's head dim apart from
+  // q's and k's: the kernel of a head dim holding both reads each at its own width (the columns past
+  // it zero-filled) and writes v's.
   cudaError_t err;
   if (s.fp8) {
     set_descale(k_descale, p.k_descale, p.k_descale_stride);
@@ -789,7 +785,7 @@ std::tuple<Tensor, Tensor> forward_kvcache_cuda(const Tensor& q_in, const Tensor
              device_name(q), "); use a 16-bit cache here");
   } else {
     err = dispatch<Family::kSm80, Direction::kKvCache>(
-        q.scalar_type(), kvcache_head_dim(s.head_dim, op), op, [&](auto tag, auto hd) {
+        q.scalar_type(), kvcache_head_dim(std::max(s.head_dim, s.head_dim_v), op), op, [&](auto tag, auto hd) {
           return sm80::run_forward_kvcache<decltype(tag), decltype(hd)::value>(p, current_stream(q));
         });
   }

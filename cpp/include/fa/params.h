@@ -88,8 +88,9 @@ struct ForwardParams {
   // with a bound to those kernels (common/attention_mask.h).
   int window_left = -1;
   int window_right = -1;
-  // v's and the output's head dim. The kernels with one head dim read head_dim for it; those with
-  // two (the Hopper forward's FA_HEAD_DIM_PAIRS) this, which may be below head_dim.
+  // v's and the output's head dim (set for every call). The dense kernels with one head dim read
+  // head_dim for it; those with two (the Hopper forward's FA_HEAD_DIM_PAIRS), the KV-cache kernels
+  // and split-KV's combine this, which may differ from head_dim.
   int head_dim_v = 0;
   // Sink logits, float32 (heads_q,), else null: query head h's rows add exp(sinks[h]) to their
   // softmax denominator (a key with no value); lse includes it.
