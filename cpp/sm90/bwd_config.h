@@ -198,6 +198,12 @@ struct BackwardConfig {
   // slower; at D = 256 20 MB 2.2% slower (2 units instead of 4), 80 MB level.
   // FA_BWD_L2_BUDGET_MB, read at each call, overrides it (launch_backward).
   static constexpr int64_t kL2SectionBudget = int64_t(kHeadDim == 128 ? 20 : 40) << 20;
+  // A deterministic backward's (its key tiles add to each query tile's dQ in turn) at D = 256:
+  // 160 MB. Timed call by call against 40 (H200, docs/tried.md): causal (2, 16, 8192),
+  // (4, 16, 4096) 352 → 414, 355 → 387 TFLOP/s; non-causal 440 → 447, 416 → 410. 240 MB level
+  // with 160, 320 MB and more 3-41% slower non-causal; at D = 64 and 128, 80 MB level to 13% slower
+  // than their defaults.
+  static constexpr int64_t kL2SectionBudgetDeterministic = kHeadDim == 256 ? int64_t(160) << 20 : kL2SectionBudget;
 
   // The buffers only some configurations have, as base classes present or empty: Pᵀ (split head
   // dim; laid out as dSᵀ, two buffers) and dQ's staging buffers (not with kdQFromRegisters).
