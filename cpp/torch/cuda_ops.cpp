@@ -203,7 +203,7 @@ int kernel_head_dim(int64_t head_dim, Direction direction, const char* op) {
 
 // The KV-cache kernels' head dim (the Ampere family's, at every head dim of FA_HEAD_DIMS).
 int kvcache_head_dim(int64_t head_dim, const char* op) {
-  const int best = smallest_at_least(build_config::kHeadDims, head_dim);
+  const int best = family_head_dim(Family::kSm80, head_dim, Direction::kKvCache);
   if (best == 0) fail_head_dim(head_dim, op);
   return best;
 }
