@@ -3,9 +3,11 @@
 // Built into its own library (_C_cuda.so), the only one that imports from torch's CUDA library
 // (libtorch_cuda: the current stream), so the CPU library loads under any torch.
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -43,12 +45,13 @@ cudaStream_t current_stream(const Tensor& t) {
   return static_cast<cudaStream_t>(stream);
 }
 
-// Whether SASS compiled for `build_arch` (80, 86, 90a) runs on a device of `device_arch` (the
-// gencode flags embed no PTX): plain SASS on the same major version with an equal or newer minor,
+// Whether SASS compiled for `build_arch` (80, 86, 90a) runs on a device of compute capability
+// `device` (86 for 8.6; the gencode flags embed no PTX): plain SASS on the same major version with an equal or newer minor,
 // an `a` arch's only on exactly that compute capability (fa/_info.py's arch_runs_on).
-bool arch_runs_on(const std::string& build_arch, const std::string& device_arch) {
+bool arch_runs_on(std::string_view build_arch, int device) {
+  int built = 0;
+  std::from_chars(build_arch.data(), build_arch.data() + build_arch.size(), built);  // stops at the `a`
   const bool specific = !build_arch.empty() && build_arch.back() == 'a';
-  const int built = std::stoi(build_arch), device = std::stoi(device_arch);
   return specific ? built == device : built / 10 == device / 10 && built % 10 <= device % 10;
 }
 
@@ -57,13 +60,14 @@ bool arch_runs_on(const std::string& build_arch, const std::string& device_arch)
 // Returns its arch name.
 std::string check_device(const Tensor& t, const char* op) {
   std::string arch = device_arch(t, op);
-  FA_CHECK(std::stoi(arch) >= 80, op, ": fa's CUDA kernels need compute capability 8.0 or newer ",
+  const int device = std::stoi(arch);
+  FA_CHECK(device >= 80, op, ": fa's CUDA kernels need compute capability 8.0 or newer ",
            "(cp.async, bf16 mma.sync); ", device_name(t), " is sm_", arch);
-  bool runs = false;
-  const std::string archs = build_config::kCudaArchs;
+  bool runs = false;  // the build's archs, "80,90a": views of a constant, nothing allocated a call
+  const std::string_view archs = build_config::kCudaArchs;
   for (std::size_t begin = 0; begin < archs.size();) {
     const std::size_t end = std::min(archs.find(',', begin), archs.size());
-    runs = runs || arch_runs_on(archs.substr(begin, end - begin), arch);
+    runs = runs || arch_runs_on(archs.substr(begin, end - begin), device);
     begin = end + 1;
   }
   FA_CHECK(runs, op, ": this build of fa has kernels for sm ", build_config::kCudaArchs, " but ", device_name(t),
