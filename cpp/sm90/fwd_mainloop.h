@@ -169,6 +169,12 @@ struct ForwardMainloop {
       pipeline_v.consumer_wait(v_state);
       release(pipeline_v, smem.pipeline_v, v_state);
     };
+    // The key tiles before this warpgroup's first visible key (a window's left bound: the tile's
+    // first key tile is that of its first rows, and the later warpgroups' rows see later keys) are
+    // skipped too, after its last O GEMM, in the same way. Recomputed where needed rather than held
+    // through the loop (as left_masked).
+    auto own_first = [&] { return mask.first_visible_tile(row0 + warpgroup_row(), kBlockN); };
+    if (own_first() >= own_blocks) own_blocks = 0;  // its rows see no key
     int n = n_blocks - 1;
 #pragma unroll 1
     for (; n >= own_blocks; --n) {
@@ -252,12 +258,26 @@ struct ForwardMainloop {
 #pragma unroll 1
     for (; unmasked > 0; --unmasked) step(0, cute::Int<kUnmasked>{});
     if constexpr (kCausal) {
-      for (n = cute::min(n, left_masked() - 1); n >= 0; --n) step(n, cute::Int<kLeftMasked>{});
+      const int first = own_first();
+      for (n = cute::min(n, left_masked() - 1); n >= first; --n) step(n, cute::Int<kLeftMasked>{});
     }
     done_with_query();
     o_gemm();
     gemm_wait<0>(acc_o);
     release(pipeline_v, smem.pipeline_v, v_state);
+    if constexpr (kCausal) {
+      // The left tiles this warpgroup does not see: its turns, and K[n] then V[n] back unread (the
+      // producer loads V[n] after K[n - 1], whose buffer the other warpgroups free at turns that
+      // come before this one's).
+#pragma unroll 1
+      for (n = own_first() - 1; n >= 0; --n) {
+        wait_k();
+        turns.wait();
+        turns.pass();
+        release(pipeline_k, smem.pipeline_k, k_state);
+        release_unread_v();
+      }
+    }
   }
 };
 
