@@ -41,6 +41,9 @@ struct ForwardMainloop {
   // none where soft-capping's tanh joins the step at D = 256 (with one row ptxas spilled 72 bytes
   // there, with no fence 32, with none 8).
   static constexpr int kRowsBeforeOWait = kSoftcap && Config::kHeadDim == 256 ? 0 : Config::kRowsBeforeOWait;
+  // Whether a warpgroup skips the key tiles left of its own rows' window (run(), below): not at
+  // D = 256, where ptxas then spilled 4 bytes more (8 -> 12) for a few % at a 1024-key window.
+  static constexpr bool kSkipLeft = kCausal && Config::kHeadDim < 256;
 
   // The first of this consumer warpgroup's 64 rows, within the tile. Read through
   // canonical_warp_group_idx() (a warp shuffle), which the compiler knows to be warp-uniform: the
@@ -169,12 +172,12 @@ struct ForwardMainloop {
       pipeline_v.consumer_wait(v_state);
       release(pipeline_v, smem.pipeline_v, v_state);
     };
-    // The key tiles before this warpgroup's first visible key (a window's left bound: the tile's
-    // first key tile is that of its first rows, and the later warpgroups' rows see later keys) are
-    // skipped too, after its last O GEMM, in the same way. Recomputed where needed rather than held
-    // through the loop (as left_masked).
-    auto own_first = [&] { return mask.first_visible_tile(row0 + warpgroup_row(), kBlockN); };
-    if (own_first() >= own_blocks) own_blocks = 0;  // its rows see no key
+    // Where kSkipLeft, the key tiles before this warpgroup's first visible key (a window's left
+    // bound: the tile's first key tile is that of its first rows, and the later warpgroups' rows
+    // see later keys) are skipped too, after its last O GEMM, in the same way. Recomputed where
+    // needed rather than held through the loop (as left_masked).
+    auto own_first = [&] { return kSkipLeft ? mask.first_visible_tile(row0 + warpgroup_row(), kBlockN) : 0; };
+    if (kSkipLeft && own_first() >= own_blocks) own_blocks = 0;  // its rows see no key
     int n = n_blocks - 1;
 #pragma unroll 1
     for (; n >= own_blocks; --n) {
@@ -265,7 +268,7 @@ struct ForwardMainloop {
     o_gemm();
     gemm_wait<0>(acc_o);
     release(pipeline_v, smem.pipeline_v, v_state);
-    if constexpr (kCausal) {
+    if constexpr (kSkipLeft) {
       // The left tiles this warpgroup does not see: its turns, and K[n] then V[n] back unread (the
       // producer loads V[n] after K[n - 1], whose buffer the other warpgroups free at turns that
       // come before this one's).
