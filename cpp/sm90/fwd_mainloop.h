@@ -64,8 +64,9 @@ struct ForwardMainloop {
   // The tiles are counted from the first the work tile sees (a window's left bound: the caller
   // passes n_blocks, own_blocks and the mask shifted by its first tile, AttentionMask::shifted).
   // Q must be in shared memory, in buffer q_stage (the caller waited on its q_full). This
-  // warpgroup computes only the tiles [0, own_blocks) its own 64 rows see (own_blocks(), above);
-  // it takes its turn for the others and hands their buffers back unread.
+  // warpgroup computes only the tiles its own 64 rows see, [0, own_blocks) (own_blocks(), above),
+  // from its rows' first visible tile where kSkipLeft; it takes its turn for the others and hands
+  // their buffers back unread.
   // scale_log2: the tile's softmax scale (p.scale_log2; FP8: times the tile's q and k descales).
   template <class Storage, class AccO, class Softmax>
   CUTE_DEVICE static void run(const ForwardParams& p, Storage& smem, int q_stage, KVPipeline& pipeline_k,
