@@ -30,12 +30,12 @@ void check_cuda(cudaError_t err, const char* op) {
   FA_CHECK(err == cudaSuccess, op, ": CUDA error: ", cudaGetErrorString(err));
 }
 
-// The device's compute capability as an arch name: 80, 86, 90a (Hopper is built as 90a).
-std::string device_arch(const Tensor& t, const char* op) {
+// The device's compute capability as one number: 80, 86, 90.
+int device_capability(const Tensor& t, const char* op) {
   int major = 0, minor = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.get_device_index()), op);
   check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.get_device_index()), op);
-  return std::to_string(major * 10 + minor) + (major == 9 && minor == 0 ? "a" : "");
+  return major * 10 + minor;
 }
 
 // torch's current stream on the tensor's device: the kernels run on it (CUDA graphs capture them).
@@ -46,8 +46,9 @@ cudaStream_t current_stream(const Tensor& t) {
 }
 
 // Whether SASS compiled for `build_arch` (80, 86, 90a) runs on a device of compute capability
-// `device` (86 for 8.6; the gencode flags embed no PTX): plain SASS on the same major version with an equal or newer minor,
-// an `a` arch's only on exactly that compute capability (fa/_info.py's arch_runs_on).
+// `device` (86 for 8.6; the gencode flags embed no PTX): plain SASS on the same major version with
+// an equal or newer minor, an `a` arch's only on exactly that compute capability (fa/_info.py's
+// arch_runs_on).
 bool arch_runs_on(std::string_view build_arch, int device) {
   int built = 0;
   std::from_chars(build_arch.data(), build_arch.data() + build_arch.size(), built);  // stops at the `a`
@@ -57,10 +58,10 @@ bool arch_runs_on(std::string_view build_arch, int device) {
 
 // The GPU must be sm80 or newer (cp.async, bf16 mma.sync), and one of the build's archs must run on
 // it, so that every op fails alike, before any work, on a device the build has no kernels for.
-// Returns its arch name.
+// Returns its arch name: 80, 86, 90a (Hopper is built as 90a).
 std::string check_device(const Tensor& t, const char* op) {
-  std::string arch = device_arch(t, op);
-  const int device = std::stoi(arch);
+  const int device = device_capability(t, op);
+  const std::string arch = std::to_string(device) + (device == 90 ? "a" : "");
   FA_CHECK(device >= 80, op, ": fa's CUDA kernels need compute capability 8.0 or newer ",
            "(cp.async, bf16 mma.sync); ", device_name(t), " is sm_", arch);
   bool runs = false;  // the build's archs, "80,90a": views of a constant, nothing allocated a call
