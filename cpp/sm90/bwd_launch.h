@@ -122,7 +122,8 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   if (int64_t(n_blocks) * p.heads_kv * p.batch > INT32_MAX) return cudaErrorInvalidConfiguration;  // a 1-D grid
   // Deterministic, the order is in sections even where not causal (tile_scheduler.h says why).
   const bool sectioned = kCausal || p.deterministic;
-  const auto order = BackwardTileOrder::make(n_blocks, p.heads_kv, p.batch, sectioned, unit_bytes, l2_budget);
+  const auto order = BackwardTileOrder::make(n_blocks, p.heads_kv, p.batch, sectioned, kCausal && p.deterministic,
+                                             unit_bytes, l2_budget);
   // Persistent: about one CTA per SM, each taking key tiles of the order until none is left.
   int sms = 0;
   cudaError_t err = current_device_sms(sms);

@@ -91,11 +91,17 @@ struct BackwardTileHandoff {
 // head's CTAs meet at the same query tiles again; the stride's starts are spread whether the
 // CTAs run in lockstep or staggered. Causal key tiles start at their diagonals already.
 //
-// Deterministic (BackwardParams::deterministic), every key tile walks its query tiles from the
-// last down: the key tiles of a head that run at once then come to each query tile in the order
-// of their index, the order in which their dQ partials must be added (common/dq_claims.h), each
-// a little behind the one before; walked up from their diagonals (causal) or from rotated starts,
-// a key tile would come to most query tiles before the ones it must wait for.
+// Deterministic (BackwardParams::deterministic), not causal: every key tile walks its query tiles
+// from the last down: the key tiles of a head that run at once then come to each query tile in the
+// order of their index, the order in which their dQ partials must be added (common/dq_claims.h),
+// each a little behind the one before; from rotated starts, a key tile would come to most query
+// tiles before the ones it must wait for. Causal, each walks up from its diagonal as in the
+// default mode, and the partials are added from the last key tile down (dq_turn_from_last,
+// BackwardTileOrder's shortest_first): at every query tile the key tile before one in that order
+// is the next shorter, two steps ahead of it (at 64-row query tiles and 128-key tiles) where both
+// started together; from the last query tile down, all would come to it together and wait in a
+// chain, and under GQA each of a group's later heads would put a key tile further behind the one
+// it waits for.
 template <int kBlockM, int kBlockN, bool kCausal>
 struct BackwardSteps {
   int head0;    // first query head of the group
@@ -114,7 +120,7 @@ struct BackwardSteps {
     const int group = p.heads_q / p.heads_kv;
     head0 = head_kv * group;
     count = m_tiles * group;
-    if (p.deterministic) {
+    if (!kCausal && p.deterministic) {
       first = m_end - 1;
       wrap = m_begin - 1;
       restart = m_end - 1;
@@ -154,6 +160,14 @@ struct BackwardSteps {
     return seq.workspace_row(p, batch, s.head) + s.m_block * kBlockM;
   }
 };
+
+// Deterministic: the turn of key tile n_block at the query tile of rows from row_begin (BackwardSteps
+// says the order).
+template <int kBlockM, int kBlockN, bool kCausal, class Mask>
+CUTE_DEVICE int backward_dq_turn(Mask const& mask, int n_block, int row_begin) {
+  if constexpr (kCausal) return dq_turn_from_last(mask, n_block, row_begin + kBlockM, kBlockN);
+  else return dq_turn(mask, n_block, row_begin, kBlockN);
+}
 
 // Tile `tile` (along the rows, from row `first_row`) of head `head` of batch `batch` of a TMA
 // tensor m (rows, D, heads, batches), partitioned for a TMA copy to or from the shared-memory tile s
@@ -344,7 +358,8 @@ struct BackwardDqWriter {
         if (p.deterministic) {
           if (leader) {
             publish();  // the step before's turn, before waiting for this one
-            const int turn = dq_turn(mask, tile.n_block, step.m_block * Config::kBlockM, Config::kBlockN);
+            const int turn = backward_dq_turn<Config::kBlockM, Config::kBlockN, kCausal>(
+                mask, tile.n_block, step.m_block * Config::kBlockM);
             dq_turn_wait(claim, turn);
             fence_view_async_global();  // the bulk operations after the acquire
             state = turn == 0 ? kUnclaimed : kWritten;
@@ -411,7 +426,10 @@ struct BackwardTurnKeeper {
       if (Config::kRowsInMainKernel && count > 0) wait_unit_prepared(p, tile.batch * p.heads_kv + tile.head_kv);
       for (auto step = steps.first_step(); step.t < count; steps.advance(step)) {
         int* const turns = p.dq_claims + steps.workspace_row(p, seq, tile.batch, step) / kDqClaimRows;
-        if (leader) dq_turn_wait(turns, dq_turn(mask, tile.n_block, step.m_block * Config::kBlockM, Config::kBlockN));
+        if (leader) {
+          dq_turn_wait(turns, backward_dq_turn<Config::kBlockM, Config::kBlockN, kCausal>(
+                                  mask, tile.n_block, step.m_block * Config::kBlockM));
+        }
         __syncwarp();
         barrier_arrive(BackwardBarrier::kTurnReady, kBarrierThreads);
         barrier_sync(BackwardBarrier::kTurnDone, kBarrierThreads);

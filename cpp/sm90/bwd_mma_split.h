@@ -294,7 +294,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       gemm_wait<1>(acc_dq);  // dQ's first slice done
       bool store = false;
       if constexpr (kDeterministic) {  // wait for the tile's turn
-        store = dq_turn(mask, n_block, row_begin, kBlockN) == 0;
+        store = backward_dq_turn<kBlockM, kBlockN, kCausal>(mask, n_block, row_begin) == 0;
         barrier_sync(BackwardBarrier::kTurnReady, kKeeperThreads);
       }
       if constexpr (kAsymmetric) {

@@ -201,6 +201,10 @@ struct TileHandoff {
 //   sections they are a few key tiles of each of `section` units. Measured on the non-causal rows:
 //   0.90-0.99x of the default backward instead of 0.79-0.91x at head dim 128 and below, 0.93-0.94x
 //   instead of 0.84-0.90x at 256 (docs/tried.md).
+// - Deterministic and causal: shortest first within the sections (`shortest_first`). The key tiles
+//   then add to a query tile from the last that sees it down (dq_turn_from_last), each walking up
+//   from its diagonal: the one before a tile in a query tile's order is the next shorter key tile,
+//   started earlier and two steps ahead of it there (common/dq_claims.h).
 struct BackwardTileOrder {
   struct Tile {
     int n_block;
@@ -210,14 +214,17 @@ struct BackwardTileOrder {
 
   int heads = 0;   // kv heads
   Sections order;  // units: (batch, kv head) pairs, key tiles per unit
+  bool shortest_first = false;  // a unit's key tiles from its last (deterministic and causal)
 
   // unit_bytes: what one (batch, kv head) streams through L2 (Q, dO and the dQ workspace of its
   // query heads); l2_budget: how much of L2 the sections may fill; sectioned: the causal (or
-  // deterministic) order, else each unit's tiles one after the other.
-  static BackwardTileOrder make(int n_blocks, int heads, int batch, bool sectioned, int64_t unit_bytes,
-                                int64_t l2_budget) {
+  // deterministic) order, else each unit's tiles one after the other; shortest_first: the
+  // deterministic causal order.
+  static BackwardTileOrder make(int n_blocks, int heads, int batch, bool sectioned, bool shortest_first,
+                                int64_t unit_bytes, int64_t l2_budget) {
     BackwardTileOrder o;
     o.heads = heads;
+    o.shortest_first = shortest_first;
     const int units = heads * batch;
     o.order = Sections::make(n_blocks, units, sectioned ? Sections::size_for(units, unit_bytes, l2_budget) : 1);
     return o;
@@ -228,7 +235,7 @@ struct BackwardTileOrder {
   CUTE_HOST_DEVICE Tile tile(int i) const {
     int rank, unit;
     order.locate(i, rank, unit);
-    return {rank, unit % heads, unit / heads};
+    return {shortest_first ? order.per_unit - 1 - rank : rank, unit % heads, unit / heads};
   }
 };
 

@@ -2,7 +2,8 @@
 // Backward (BackwardTileOrder): every (key tile, kv head, batch) is taken by exactly one CTA index;
 // without causal the order is each (batch, head)'s key tiles in turn; with causal, inside each
 // section of (batch, head) pairs, key tile n of every pair comes before key tile n + 1 of any
-// (longest first), and the sections follow one another.
+// (longest first; deterministic and causal, `shortest_first`, n + 1 before n), and the sections
+// follow one another.
 // Forward (TileScheduler): every (query tile, head, batch) exactly once; without causal each
 // (batch, head)'s query tiles in turn, first to last; with causal, inside each section, query
 // tile m of every pair before query tile m - 1 of any (longest first), sections in turn.
@@ -24,8 +25,9 @@ static void expect(bool ok, const char* what, int n_blocks, int heads, int batch
   }
 }
 
-static void check(int n_blocks, int heads, int batch, bool causal, long long unit_bytes, long long budget) {
-  const auto order = BackwardTileOrder::make(n_blocks, heads, batch, causal, unit_bytes, budget);
+static void check(int n_blocks, int heads, int batch, bool causal, long long unit_bytes, long long budget,
+                  bool shortest_first = false) {
+  const auto order = BackwardTileOrder::make(n_blocks, heads, batch, causal, shortest_first, unit_bytes, budget);
   const int units = heads * batch;
   std::vector<int> seen(size_t(n_blocks) * units, 0);
   int prev_unit_section = -1, prev_n = -1;
@@ -43,9 +45,13 @@ static void check(int n_blocks, int heads, int batch, bool causal, long long uni
     } else {
       const int section = unit / order.order.section;
       expect(section >= prev_unit_section, "sections in turn", n_blocks, heads, batch, causal, i);
-      if (section == prev_unit_section) {
+      if (section == prev_unit_section && !shortest_first) {
         expect(t.n_block >= prev_n, "longest (lowest key tile) first within a section", n_blocks, heads, batch,
                causal, i);
+      }
+      if (section == prev_unit_section && shortest_first) {
+        expect(t.n_block <= prev_n, "shortest (highest key tile) first within a section", n_blocks, heads,
+               batch, causal, i);
       }
       prev_unit_section = section;
       prev_n = t.n_block;
@@ -60,8 +66,8 @@ static void check(int n_blocks, int heads, int batch, bool causal, long long uni
                  : section >= 1 && (section == 1 || filled <= budget) && section <= units &&
                        (section & (section - 1)) == 0,
          "section: a power of two within the budget", n_blocks, heads, batch, causal, -1);
-  std::printf("n_blocks %4d heads %3d batch %2d causal %d: %7lld tiles, section %d\n", n_blocks, heads, batch,
-              int(causal), (long long)order.size(), section);
+  std::printf("n_blocks %4d heads %3d batch %2d causal %d%s: %7lld tiles, section %d\n", n_blocks, heads, batch,
+              int(causal), shortest_first ? " shortest first" : "", (long long)order.size(), section);
 }
 
 static void check_forward(int m_blocks, int heads, int batch, bool causal, long long kv_bytes_per_head) {
@@ -131,6 +137,11 @@ int main() {
     check_forward(333, 1, 97, causal, mb / 4);   // 97 pairs of one head, sections of 64 and 33
     check(1001, 13, 1, causal, 2 * mb, budget);  // 13 pairs: sections of 8, the last of 5
   }
+  // Deterministic and causal: shortest first.
+  check(32, 64, 2, true, 4 * mb, 20 * mb, true);    // (2, 64, 4096, 128): sections of 4
+  check(128, 16, 2, true, 16 * mb, 20 * mb, true);  // (2, 16, 16384, 128): sections of 1
+  check(5, 3, 7, true, 1 * mb, budget, true);       // 21 pairs: sections of 16, the last of 5
+  check(1001, 13, 1, true, 2 * mb, budget, true);   // 13 pairs: sections of 8, the last of 5
   std::printf(failures ? "%d failures\n" : "ok\n", failures);
   return failures ? 1 : 0;
 }
