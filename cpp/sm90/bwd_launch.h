@@ -108,10 +108,10 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   // What one (batch, kv head) streams through L2: Q and dO of its query heads and their dQ
   // workspace rows; for a varlen batch at its sequences' mean length (at the longest one's, a
   // section held fewer units than the budget allows: docs/tried.md). The sections of the causal
-  // order fill at most Config::kL2SectionBudget of the H100's 50 MB (a deterministic call's:
-  // kL2SectionBudgetDeterministic), or FA_BWD_L2_BUDGET_MB (a tuning knob for timing sections of
-  // other sizes).
-  int64_t l2_budget = p.deterministic ? Config::kL2SectionBudgetDeterministic : Config::kL2SectionBudget;
+  // order fill at most Config::kL2SectionBudget of the H100's 50 MB (a deterministic non-causal
+  // call's: kL2SectionBudgetDeterministic), or FA_BWD_L2_BUDGET_MB (a tuning knob for timing
+  // sections of other sizes).
+  int64_t l2_budget = p.deterministic && !kCausal ? Config::kL2SectionBudgetDeterministic : Config::kL2SectionBudget;
   if (const char* mb = std::getenv("FA_BWD_L2_BUDGET_MB")) l2_budget = int64_t(std::max(0, std::atoi(mb))) << 20;
   const int group = p.heads_q / p.heads_kv;
   const int64_t unit_rows =
