@@ -198,13 +198,13 @@ struct BackwardConfig {
   // slower; at D = 256 20 MB 2.2% slower (2 units instead of 4), 80 MB level.
   // FA_BWD_L2_BUDGET_MB, read at each call, overrides it (launch_backward).
   static constexpr int64_t kL2SectionBudget = int64_t(kHeadDim == 128 ? 20 : 40) << 20;
-  // A deterministic non-causal backward's (its key tiles add to each query tile's dQ in turn) at
-  // D = 256: 160 MB. Timed call by call against 40 (H200, docs/tried.md): (2, 16, 8192),
-  // (4, 16, 4096) 440 → 447, 416 → 410 TFLOP/s; 240 MB level with 160, 320 MB and more 3-41%
-  // slower; at D = 64 and 128, 80 MB level to 13% slower than their defaults. The causal one, whose
-  // key tiles add from the last down (BackwardSteps), keeps kL2SectionBudget: at (4, 16, 4096) 388
-  // TFLOP/s with it, 218 with 160 MB (in the order from the first key tile, 160 MB was the faster:
-  // 355 → 387).
+  // A deterministic backward's (its key tiles add to each query tile's dQ in turn) at D = 256,
+  // where they add in the order from the first key tile: 160 MB. Timed call by call against 40
+  // (H200, docs/tried.md): causal (2, 16, 8192), (4, 16, 4096) 352 → 414, 355 → 387 TFLOP/s;
+  // non-causal 440 → 447, 416 → 410. 240 MB level with 160, 320 MB and more 3-41% slower
+  // non-causal; at D = 64 and 128, 80 MB level to 13% slower than their defaults. In the causal
+  // order from the last key tile down (BackwardTileOrder's shortest_first) kL2SectionBudget:
+  // (4, 16, 4096) 388 TFLOP/s, 218 with 160 MB.
   static constexpr int64_t kL2SectionBudgetDeterministic = kHeadDim == 256 ? int64_t(160) << 20 : kL2SectionBudget;
 
   // The buffers only some configurations have, as base classes present or empty: Pᵀ (split head

@@ -143,7 +143,7 @@ CUTE_DEVICE void backward_mma_keys(Params const& params, Storage& smem, typename
     const Sequence seq = Sequence::of(p, batch);
     // Varlen: the order covers the longest sequence's keys; a key tile past this one's has no work.
     if (n_block * kBlockN >= seq.seqlen_k) continue;
-    const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv);
+    const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv, params.order.shortest_first);
     const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
     const int key_begin = n_block * kBlockN;
     Tensor acc_dk = partition_fragment_C(mma_dkv, typename Config::TileKV{});

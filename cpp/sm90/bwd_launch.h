@@ -105,29 +105,34 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   if (!Config::kdQClaims && !p.deterministic) p.dq_claims = nullptr;
   if constexpr (!Config::kRowsInMainKernel) p.unit_ready = nullptr;
 
+  const int n_blocks = (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
+  if (int64_t(n_blocks) * p.heads_kv * p.batch > INT32_MAX) return cudaErrorInvalidConfiguration;  // a 1-D grid
+  // Persistent: about one CTA per SM, each taking key tiles of the order until none is left.
+  int sms = 0;
+  cudaError_t err = current_device_sms(sms);
+  if (err != cudaSuccess) return err;
+  // Deterministic, the order is in sections even where not causal, and shortest first where
+  // causal with enough waves of key tiles (tile_scheduler.h says why).
+  const bool sectioned = kCausal || p.deterministic;
+  const bool shortest_first = kCausal && p.deterministic &&
+                              int64_t(n_blocks) * p.heads_kv * p.batch >= int64_t(kShortestFirstWaves) * sms;
+
   // What one (batch, kv head) streams through L2: Q and dO of its query heads and their dQ
   // workspace rows; for a varlen batch at its sequences' mean length (at the longest one's, a
-  // section held fewer units than the budget allows: docs/tried.md). The sections of the causal
-  // order fill at most Config::kL2SectionBudget of the H100's 50 MB (a deterministic non-causal
-  // call's: kL2SectionBudgetDeterministic), or FA_BWD_L2_BUDGET_MB (a tuning knob for timing
-  // sections of other sizes).
-  int64_t l2_budget = p.deterministic && !kCausal ? Config::kL2SectionBudgetDeterministic : Config::kL2SectionBudget;
+  // section held fewer units than the budget allows: docs/tried.md). The sections fill at most
+  // Config::kL2SectionBudget of the H100's 50 MB (a deterministic call's in the order from the
+  // first key tile: kL2SectionBudgetDeterministic), or FA_BWD_L2_BUDGET_MB (a tuning knob for
+  // timing sections of other sizes).
+  int64_t l2_budget = p.deterministic && !shortest_first ? Config::kL2SectionBudgetDeterministic
+                                                         : Config::kL2SectionBudget;
   if (const char* mb = std::getenv("FA_BWD_L2_BUDGET_MB")) l2_budget = int64_t(std::max(0, std::atoi(mb))) << 20;
   const int group = p.heads_q / p.heads_kv;
   const int64_t unit_rows =
       p.cu_seqlens_q != nullptr ? (int64_t(p.total_q) + p.batch - 1) / p.batch : int64_t(p.seqlen_q_rounded);
   const int64_t unit_bytes = int64_t(group) * unit_rows *
                              ((kHeadDim + Config::kHeadDimV) * sizeof(Element) + kHeadDim * sizeof(float));
-  const int n_blocks = (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
-  if (int64_t(n_blocks) * p.heads_kv * p.batch > INT32_MAX) return cudaErrorInvalidConfiguration;  // a 1-D grid
-  // Deterministic, the order is in sections even where not causal (tile_scheduler.h says why).
-  const bool sectioned = kCausal || p.deterministic;
-  const auto order = BackwardTileOrder::make(n_blocks, p.heads_kv, p.batch, sectioned, kCausal && p.deterministic,
-                                             unit_bytes, l2_budget);
-  // Persistent: about one CTA per SM, each taking key tiles of the order until none is left.
-  int sms = 0;
-  cudaError_t err = current_device_sms(sms);
-  if (err != cudaSuccess) return err;
+  const auto order =
+      BackwardTileOrder::make(n_blocks, p.heads_kv, p.batch, sectioned, shortest_first, unit_bytes, l2_budget);
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(order.size(), sms));
   // Where Config::kRowsInMainKernel, the pre-pass prepares the rows of the units that the first
   // two waves of key tiles need (whole sections of the order) and the main kernel's spare warps

@@ -95,13 +95,13 @@ struct BackwardTileHandoff {
 // from the last down: the key tiles of a head that run at once then come to each query tile in the
 // order of their index, the order in which their dQ partials must be added (common/dq_claims.h),
 // each a little behind the one before; from rotated starts, a key tile would come to most query
-// tiles before the ones it must wait for. Causal, each walks up from its diagonal as in the
-// default mode, and the partials are added from the last key tile down (dq_turn_from_last,
-// BackwardTileOrder's shortest_first): at every query tile the key tile before one in that order
-// is the next shorter, two steps ahead of it (at 64-row query tiles and 128-key tiles) where both
-// started together; from the last query tile down, all would come to it together and wait in a
-// chain, and under GQA each of a group's later heads would put a key tile further behind the one
-// it waits for.
+// tiles before the ones it must wait for. Causal calls of many key tiles (`from_last`:
+// BackwardTileOrder's shortest_first) walk up from their diagonals as in the default mode, and
+// the partials are added from the last key tile down (dq_turn_from_last): at every query tile the
+// key tile before one in that order is the next shorter, two steps ahead of it (at 64-row query
+// tiles and 128-key tiles) where both started together; from the last query tile down, all would
+// come to it together and wait in a chain, and under GQA each of a group's later heads would put a
+// key tile further behind the one it waits for.
 template <int kBlockM, int kBlockN, bool kCausal>
 struct BackwardSteps {
   int head0;    // first query head of the group
@@ -111,7 +111,7 @@ struct BackwardSteps {
   int restart;
   int dir;      // +1 or -1
 
-  CUTE_DEVICE BackwardSteps(const BackwardParams& p, const Sequence& seq, int n_block, int head_kv) {
+  CUTE_DEVICE BackwardSteps(const BackwardParams& p, const Sequence& seq, int n_block, int head_kv, bool from_last) {
     const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
     const int m_end = (cute::min(seq.seqlen_q, mask.rows_end_seeing((n_block + 1) * kBlockN)) + kBlockM - 1) / kBlockM;
     // The query tiles that see a key of the tile (from the first, up to a window's left bound).
@@ -120,7 +120,7 @@ struct BackwardSteps {
     const int group = p.heads_q / p.heads_kv;
     head0 = head_kv * group;
     count = m_tiles * group;
-    if (!kCausal && p.deterministic) {
+    if (p.deterministic && !from_last) {
       first = m_end - 1;
       wrap = m_begin - 1;
       restart = m_end - 1;
@@ -161,12 +161,13 @@ struct BackwardSteps {
   }
 };
 
-// Deterministic: the turn of key tile n_block at the query tile of rows from row_begin (BackwardSteps
-// says the order).
-template <int kBlockM, int kBlockN, bool kCausal, class Mask>
-CUTE_DEVICE int backward_dq_turn(Mask const& mask, int n_block, int row_begin) {
-  if constexpr (kCausal) return dq_turn_from_last(mask, n_block, row_begin + kBlockM, kBlockN);
-  else return dq_turn(mask, n_block, row_begin, kBlockN);
+// Deterministic: the turn of key tile n_block at the query tile of rows from row_begin, in the
+// order from the last key tile that sees it where from_last (BackwardSteps says why), else from the
+// first.
+template <int kBlockM, int kBlockN, class Mask>
+CUTE_DEVICE int backward_dq_turn(Mask const& mask, int n_block, int row_begin, bool from_last) {
+  return from_last ? dq_turn_from_last(mask, n_block, row_begin + kBlockM, kBlockN)
+                   : dq_turn(mask, n_block, row_begin, kBlockN);
 }
 
 // Tile `tile` (along the rows, from row `first_row`) of head `head` of batch `batch` of a TMA
@@ -220,7 +221,8 @@ struct BackwardLoad {
       const Sequence seq = Sequence::of(p, batch);
       const bool has_keys = n_block * Config::kBlockN < seq.seqlen_k;  // else varlen: no work
       const int b = ext.batch_index(batch);
-      const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, n_block, head_kv);
+      const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, n_block, head_kv,
+                                                                        params.order.shortest_first);
       const int count = has_keys ? steps.count : 0;
       // A unit the main kernel prepares (BackwardParams::unit_ready): its rows' lse_log2 and delta
       // once they are written, before any of this tile's loads (whose barriers the consumers wait
@@ -297,7 +299,8 @@ CUTE_DEVICE void for_each_key_tile_in_warp1(Params const& params, Handoff const&
        tile_index = handoff.receive_in_warp1(received++)) {
     const auto tile = params.order.tile(tile_index);
     const Sequence seq = Sequence::of(p, tile.batch);
-    const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(p, seq, tile.n_block, tile.head_kv);
+    const BackwardSteps<Config::kBlockM, Config::kBlockN, kCausal> steps(
+        p, seq, tile.n_block, tile.head_kv, params.order.shortest_first);
     const int count = tile.n_block * Config::kBlockN < seq.seqlen_k ? steps.count : 0;
     const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
     fn(tile, seq, steps, count, mask);
@@ -358,8 +361,8 @@ struct BackwardDqWriter {
         if (p.deterministic) {
           if (leader) {
             publish();  // the step before's turn, before waiting for this one
-            const int turn = backward_dq_turn<Config::kBlockM, Config::kBlockN, kCausal>(
-                mask, tile.n_block, step.m_block * Config::kBlockM);
+            const int turn = backward_dq_turn<Config::kBlockM, Config::kBlockN>(
+                mask, tile.n_block, step.m_block * Config::kBlockM, params.order.shortest_first);
             dq_turn_wait(claim, turn);
             fence_view_async_global();  // the bulk operations after the acquire
             state = turn == 0 ? kUnclaimed : kWritten;
@@ -427,8 +430,8 @@ struct BackwardTurnKeeper {
       for (auto step = steps.first_step(); step.t < count; steps.advance(step)) {
         int* const turns = p.dq_claims + steps.workspace_row(p, seq, tile.batch, step) / kDqClaimRows;
         if (leader) {
-          dq_turn_wait(turns, backward_dq_turn<Config::kBlockM, Config::kBlockN, kCausal>(
-                                  mask, tile.n_block, step.m_block * Config::kBlockM));
+          dq_turn_wait(turns, backward_dq_turn<Config::kBlockM, Config::kBlockN>(
+                                  mask, tile.n_block, step.m_block * Config::kBlockM, params.order.shortest_first));
         }
         __syncwarp();
         barrier_arrive(BackwardBarrier::kTurnReady, kBarrierThreads);

@@ -168,7 +168,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
     const int n_block = tile.n_block, head_kv = tile.head_kv, batch = tile.batch;
     const Sequence seq = Sequence::of(p, batch);
     if (n_block * kBlockN >= seq.seqlen_k) continue;  // varlen: past this sequence's keys
-    const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv);
+    const BackwardSteps<kBlockM, kBlockN, kCausal> steps(p, seq, n_block, head_kv, params.order.shortest_first);
     const AttentionMask<kCausal> mask(seq.seqlen_q, seq.seqlen_k, p);
     const int key_begin = n_block * kBlockN;
     Tensor acc_dk = partition_fragment_C(mma_dkv, typename Config::TileKtLead{});  // head dim × keys
@@ -294,7 +294,7 @@ CUTE_DEVICE void backward_mma_split(Params const& params, Storage& smem, typenam
       gemm_wait<1>(acc_dq);  // dQ's first slice done
       bool store = false;
       if constexpr (kDeterministic) {  // wait for the tile's turn
-        store = backward_dq_turn<kBlockM, kBlockN, kCausal>(mask, n_block, row_begin) == 0;
+        store = backward_dq_turn<kBlockM, kBlockN>(mask, n_block, row_begin, params.order.shortest_first) == 0;
         barrier_sync(BackwardBarrier::kTurnReady, kKeeperThreads);
       }
       if constexpr (kAsymmetric) {

@@ -201,10 +201,18 @@ struct TileHandoff {
 //   sections they are a few key tiles of each of `section` units. Measured on the non-causal rows:
 //   0.90-0.99x of the default backward instead of 0.79-0.91x at head dim 128 and below, 0.93-0.94x
 //   instead of 0.84-0.90x at 256 (docs/tried.md).
-// - Deterministic and causal: shortest first within the sections (`shortest_first`). The key tiles
-//   then add to a query tile from the last that sees it down (dq_turn_from_last), each walking up
-//   from its diagonal: the one before a tile in a query tile's order is the next shorter key tile,
-//   started earlier and two steps ahead of it there (common/dq_claims.h).
+// - Deterministic and causal, with at least kShortestFirstWaves key tiles an SM: shortest first
+//   within the sections (`shortest_first`). The key tiles then add to a query tile from the last
+//   that sees it down (dq_turn_from_last), each walking up from its diagonal (BackwardSteps): the
+//   one before a tile in a query tile's order is the next shorter key tile, started earlier and
+//   two steps ahead of it there (common/dq_claims.h). Measured against the first-to-last order
+//   (H200, bf16, det / default): (2, 64, 4096, 128) 0.908 -> 0.924, (4, 64, 8192, 128) 0.900 ->
+//   0.914, (2, 16, 16384, 128) 0.876 -> 0.883, (16, 16, 2048, 64) 0.969 -> 0.983, 25-31 waves
+//   of key tiles; but (1, 64, 1024, 128), 3.9 waves, 0.89, where the other order had measured
+//   0.91-0.95: the longest tiles then come last, and the SMs that finish first idle
+//   (docs/tried.md).
+constexpr int kShortestFirstWaves = 16;
+
 struct BackwardTileOrder {
   struct Tile {
     int n_block;
