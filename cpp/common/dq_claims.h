@@ -16,16 +16,16 @@
 //
 // Turns (BackwardParams::deterministic, both families): the same ints count the additions made to
 // their query tile, and the key tiles add in a fixed order, that of their index n_block (dq_turn),
-// or from the highest index down in the Hopper family's causal backward (dq_turn_from_last); the
-// kernels walk their query tiles so that the key tiles come to each in about that order. A key
-// tile waits until the count says that every key tile before it has added (dq_turn_wait), adds
-// (the first stores: the workspace is not zeroed), waits for its addition to complete, and passes
-// the turn on (dq_turn_pass: a release that increments). The sums are then the same at every run,
-// whichever SMs run which tile when. No deadlock: a tile waits only for tiles that the schedulers
-// start before it (the Hopper family's counter hands a unit's key tiles out in the order of their
-// turns, sm90/tile_scheduler.h; the Ampere family's grid has n_block as its fastest index, and a
-// GPU dispatches a grid's CTAs in order), so of the tiles that have started and not finished, the
-// first started never waits.
+// or from the highest index down in the Hopper family's causal calls of many key tiles
+// (dq_turn_from_last, sm90/tile_scheduler.h); the kernels walk their query tiles so that the key
+// tiles come to each in about that order. A key tile waits until the count says that every key tile
+// before it has added (dq_turn_wait), adds (the first stores: the workspace is not zeroed), waits
+// for its addition to complete, and passes the turn on (dq_turn_pass: a release that increments).
+// The sums are then the same at every run, whichever SMs run which tile when. No deadlock: a tile
+// waits only for tiles that the schedulers start before it (the Hopper family's counter hands a
+// unit's key tiles out in the order of their turns, sm90/tile_scheduler.h; the Ampere family's grid
+// has n_block as its fastest index, and a GPU dispatches a grid's CTAs in order), so of the tiles
+// that have started and not finished, the first started never waits.
 #pragma once
 
 #include <cstdint>
@@ -87,8 +87,8 @@ CUTE_DEVICE int dq_turn(Mask const& mask, int n_block, int row_begin, int block_
   return n_block - mask.first_visible_tile(row_begin, block_n);
 }
 
-// The other order (the Hopper family's causal backward): from the last key tile that the query
-// tile of rows before row_end sees (mask.visible_tiles) down.
+// The other order (the Hopper family's causal calls of many key tiles): from the last key tile
+// that the query tile of rows before row_end sees (mask.visible_tiles) down.
 template <class Mask>
 CUTE_DEVICE int dq_turn_from_last(Mask const& mask, int n_block, int row_end, int block_n) {
   return mask.visible_tiles(row_end, block_n) - 1 - n_block;

@@ -222,7 +222,7 @@ struct BackwardTileOrder {
 
   int heads = 0;   // kv heads
   Sections order;  // units: (batch, kv head) pairs, key tiles per unit
-  bool shortest_first = false;  // a unit's key tiles from its last (deterministic and causal)
+  bool shortest_first = false;  // a unit's key tiles from its last (deterministic causal calls of many)
 
   // unit_bytes: what one (batch, kv head) streams through L2 (Q, dO and the dQ workspace of its
   // query heads); l2_budget: how much of L2 the sections may fill; sectioned: the causal (or
