@@ -64,12 +64,12 @@ def test_many_key_tiles_causal(device, d, window):
     backward (from the last key tile down, shortest first: sm90/tile_scheduler.h), the cases above
     the order from the first: bit-identical runs and the right gradients in it too."""
     skip_unless_built(d, device)
-    seqlen, hk, group = 1031, 4, 2  # 9 key tiles of 128 keys (13 of 80 at D = 256); GQA
+    seqlen, hk, group = 515, 4, 2  # 5 key tiles of 128 keys (7 of 80 at D = 256); GQA
     if device == "cpu":
         batch, seqlen = 1, 193
-    else:
+    else:  # (the float64 reference's scores: ~2 GB on a 132-SM GPU)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        batch = -(-16 * sms // (9 * hk)) + 1
+        batch = -(-16 * sms // (5 * hk)) + 1
     q, k, v = random_qkv(batch, hk * group, hk, seqlen, seqlen, d, torch.bfloat16, device)
     dout = torch.randn_like(q)
     first = _grads(q, k, v, dout, True, window, 0.0, True)
