@@ -44,7 +44,8 @@ several, right bounds, windows that leave rows no key, soft-capping without boun
 the KV cache with one split and several.
 deterministic: backwards with deterministic=True (their key tiles wait for their turns to add to
 dQ: synccheck matters), at each head dim and family: GQA causal with many key tiles a query tile,
-odd lengths with Sq != Sk, a window with soft-capping, and varlen with empty sequences.
+odd lengths with Sq != Sk, a window with soft-capping, a causal call of 16 key tiles an SM and more
+(the Hopper backward's key tiles then add from the last down), and varlen with empty sequences.
 headdimv: v's head dim below q's and k's on the Hopper pair kernels (FA_HEAD_DIM_PAIRS; skipped
 where none is built or the GPU is not sm90a), bf16: 192/128 and 160/96 (on 192/128), forward and
 (where the build has the pair's backward) backward, causal and not, odd lengths with Sq != Sk, GQA,
@@ -231,6 +232,17 @@ def deterministic():
             k = torch.randn(b, hk, sk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             v = torch.randn(b, hk, sk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             out = fa.attention(q, k, v, causal=causal, window_size=window, softcap=softcap, deterministic=True)
+            out.backward(torch.randn_like(out))
+        # 130 keys: 2 key tiles a kv head (of 128 keys; of 80 at D = 256), 2 kv heads, a batch for
+        # at least 16 key tiles an SM (kShortestFirstWaves, sm90/tile_scheduler.h).
+        batch = -(-16 * torch.cuda.get_device_properties(0).multi_processor_count // 4) + 1
+        for d in (64, 128, 256):
+            if head_dims is not None and d not in head_dims:
+                continue
+            q = torch.randn(batch, 4, 130, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            k = torch.randn(batch, 2, 130, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            v = torch.randn(batch, 2, 130, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            out = fa.attention(q, k, v, causal=True, deterministic=True)
             out.backward(torch.randn_like(out))
         lengths = [0, 77, 1, 530, 200, 3]
         cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).int()
