@@ -222,27 +222,20 @@ def variants():
 def deterministic():
     for family in families:
         os.environ["FA_KERNEL_FAMILY"] = family
+        # 130 keys: 2 key tiles a kv head (of 128 keys; of 80 at D = 256), 2 kv heads, a batch for
+        # at least 16 key tiles an SM (kShortestFirstWaves, sm90/tile_scheduler.h).
+        many = -(-16 * torch.cuda.get_device_properties(0).multi_processor_count // 4) + 1
         for (b, hq, hk, sq, sk, d, causal, window, softcap) in (
                 (1, 8, 1, 700, 700, 64, True, (-1, -1), 0.0), (2, 4, 2, 333, 1290, 64, False, (-1, -1), 0.0),
                 (1, 8, 2, 900, 900, 128, True, (-1, -1), 0.0), (1, 4, 4, 410, 1500, 128, False, (200, 100), 30.0),
-                (1, 4, 2, 500, 500, 256, True, (-1, -1), 0.0), (1, 4, 4, 300, 700, 256, False, (-1, -1), 0.0)):
+                (1, 4, 2, 500, 500, 256, True, (-1, -1), 0.0), (1, 4, 4, 300, 700, 256, False, (-1, -1), 0.0),
+                *((many, 4, 2, 130, 130, d, True, (-1, -1), 0.0) for d in (64, 128, 256))):
             if head_dims is not None and d not in head_dims:
                 continue
             q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             k = torch.randn(b, hk, sk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             v = torch.randn(b, hk, sk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             out = fa.attention(q, k, v, causal=causal, window_size=window, softcap=softcap, deterministic=True)
-            out.backward(torch.randn_like(out))
-        # 130 keys: 2 key tiles a kv head (of 128 keys; of 80 at D = 256), 2 kv heads, a batch for
-        # at least 16 key tiles an SM (kShortestFirstWaves, sm90/tile_scheduler.h).
-        batch = -(-16 * torch.cuda.get_device_properties(0).multi_processor_count // 4) + 1
-        for d in (64, 128, 256):
-            if head_dims is not None and d not in head_dims:
-                continue
-            q = torch.randn(batch, 4, 130, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            k = torch.randn(batch, 2, 130, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            v = torch.randn(batch, 2, 130, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            out = fa.attention(q, k, v, causal=True, deterministic=True)
             out.backward(torch.randn_like(out))
         lengths = [0, 77, 1, 530, 200, 3]
         cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).int()

@@ -38,23 +38,27 @@ def _assert_bit_identical(first, again, run):
         assert torch.equal(a, b), f"run {run}: {name} differs from run 0 by up to {(a - b).abs().max().item():.3e}"
 
 
+def _assert_runs_identical_and_right(qkv, causal, window, softcap, dtype, device):
+    """RUNS deterministic backwards (3 on the CPU) give the same bits, and the right gradients (the
+    order changes the last bits only)."""
+    q, k, v = qkv
+    dout = torch.randn_like(q)
+    first = _grads(q, k, v, dout, causal, window, softcap, True)
+    for run in range(1, RUNS if device != "cpu" else 3):
+        _assert_bit_identical(first, _grads(q, k, v, dout, causal, window, softcap, True), run)
+    ref, lowp = (run_and_grads(lambda a, b, c: variant_attention(a, b, c, causal, window, softcap, dtype=kind)[0],
+                               (q, k, v), dout) for kind in (torch.float64, dtype))
+    for name, g, r, lp in zip(("out", "dq", "dk", "dv"), first, ref, lowp):
+        assert_within_lowp_error(name, g, r, lp)
+
+
 @pytest.mark.parametrize("shape,causal,window,softcap,dtype", CASES, ids=CASE_IDS)
 def test_gradients_bit_identical(device, shape, causal, window, softcap, dtype):
     d = shape[-1]
     skip_unless_softcap_built(d, device) if softcap else skip_unless_built(d, device)
     if device == "cpu" and shape[3] * shape[4] * shape[1] > 4e6:
         shape = (1, shape[1], shape[2], 257, 301, d)  # the CPU path's cost: its order is fixed anyway
-    q, k, v = random_qkv(*shape, dtype, device)
-    dout = torch.randn_like(q)
-    first = _grads(q, k, v, dout, causal, window, softcap, True)
-    runs = RUNS if device != "cpu" else 3
-    for run in range(1, runs):
-        _assert_bit_identical(first, _grads(q, k, v, dout, causal, window, softcap, True), run)
-    # Still the right gradients (the order changes the last bits only).
-    ref, lowp = (run_and_grads(lambda a, b, c: variant_attention(a, b, c, causal, window, softcap, dtype=kind)[0],
-                               (q, k, v), dout) for kind in (torch.float64, dtype))
-    for name, g, r, lp in zip(("out", "dq", "dk", "dv"), first, ref, lowp):
-        assert_within_lowp_error(name, g, r, lp)
+    _assert_runs_identical_and_right(random_qkv(*shape, dtype, device), causal, window, softcap, dtype, device)
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -70,15 +74,8 @@ def test_many_key_tiles_causal(device, d, window):
     else:  # (the float64 reference's scores: ~2 GB on a 132-SM GPU)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         batch = -(-16 * sms // (5 * hk)) + 1
-    q, k, v = random_qkv(batch, hk * group, hk, seqlen, seqlen, d, torch.bfloat16, device)
-    dout = torch.randn_like(q)
-    first = _grads(q, k, v, dout, True, window, 0.0, True)
-    for run in range(1, RUNS if device != "cpu" else 3):
-        _assert_bit_identical(first, _grads(q, k, v, dout, True, window, 0.0, True), run)
-    ref, lowp = (run_and_grads(lambda a, b, c: variant_attention(a, b, c, True, window, 0.0, dtype=kind)[0],
-                               (q, k, v), dout) for kind in (torch.float64, torch.bfloat16))
-    for name, g, r, lp in zip(("out", "dq", "dk", "dv"), first, ref, lowp):
-        assert_within_lowp_error(name, g, r, lp)
+    qkv = random_qkv(batch, hk * group, hk, seqlen, seqlen, d, torch.bfloat16, device)
+    _assert_runs_identical_and_right(qkv, True, window, 0.0, torch.bfloat16, device)
 
 
 def test_sinks_gradients_bit_identical(device):

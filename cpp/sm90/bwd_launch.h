@@ -106,7 +106,8 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   if constexpr (!Config::kRowsInMainKernel) p.unit_ready = nullptr;
 
   const int n_blocks = (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
-  if (int64_t(n_blocks) * p.heads_kv * p.batch > INT32_MAX) return cudaErrorInvalidConfiguration;  // a 1-D grid
+  const int64_t key_tiles = int64_t(n_blocks) * p.heads_kv * p.batch;
+  if (key_tiles > INT32_MAX) return cudaErrorInvalidConfiguration;  // a 1-D grid
   // Persistent: about one CTA per SM, each taking key tiles of the order until none is left.
   int sms = 0;
   cudaError_t err = current_device_sms(sms);
@@ -114,8 +115,7 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   // Deterministic, the order is in sections even where not causal, and shortest first where
   // causal with enough waves of key tiles (tile_scheduler.h says why).
   const bool sectioned = kCausal || p.deterministic;
-  const bool shortest_first = kCausal && p.deterministic &&
-                              int64_t(n_blocks) * p.heads_kv * p.batch >= int64_t(kShortestFirstWaves) * sms;
+  const bool shortest_first = kCausal && p.deterministic && key_tiles >= int64_t(kShortestFirstWaves) * sms;
 
   // What one (batch, kv head) streams through L2: Q and dO of its query heads and their dQ
   // workspace rows; for a varlen batch at its sequences' mean length (at the longest one's, a
