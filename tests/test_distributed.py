@@ -1,9 +1,10 @@
 """Context parallelism (fa.distributed): ring attention over torch.distributed, here with the gloo
 backend in spawned CPU processes and fa's CPU path as the local attention. Every rank's slice of
 the output and of dq, dk, dv, put back together, equals single-process fa.attention on the whole
-sequence within float32 rounding (the ring merges partial results in another order). The ring's
-blocks and merge are also run without torch.distributed, ranks simulated in one process, on the
-GPU too."""
+sequence within float32 rounding (the ring merges partial results in another order). On a machine
+of several GPUs the same in bf16 over NCCL, one process a GPU, against the float64 reference. The
+ring's blocks and merge are also run without torch.distributed, ranks simulated in one process, on
+the GPU too."""
 
 import os
 import tempfile
@@ -99,6 +100,81 @@ def test_ring_attention_matches_one_process(world):
     cases = [c for c in CASES if _case_ok(world, c)]
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), cases), nprocs=world, join=True)
+
+
+# On several GPUs (bf16, NCCL): (B, Hq, Hk, S, D, causal, window, layout) and packed batches
+# (lengths, Hq, Hk, D, causal, layout); every length divisible by 2N for N up to 4.
+GPU_CASES = [
+    (2, 8, 2, 512, 128, True, (-1, -1), "zigzag"),
+    (1, 4, 4, 512, 64, False, (-1, -1), "zigzag"),
+    (1, 4, 1, 512, 64, True, (100, 0), "zigzag"),
+    (1, 4, 2, 512, 128, False, (30, 70), "contiguous"),
+]
+GPU_VARLEN_CASES = [([256, 64, 512], 4, 2, 64, True, "zigzag"), ([120, 72], 4, 4, 128, False, "contiguous")]
+
+
+def _reference(q, k, v, dout, causal, window, dtype):
+    """variant_attention's output and gradients in `dtype` (float64: the reference; bf16: PyTorch's
+    own low-precision error)."""
+    from helpers import variant_attention
+
+    x = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out, _ = variant_attention(*x, causal=causal, window=window, dtype=dtype)
+    return [out, *torch.autograd.grad(out, x, dout.to(dtype))]
+
+
+def _gpu_worker(rank, world, store):
+    from helpers import assert_within_lowp_error
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+    try:
+        names = ("out", "dq", "dk", "dv")
+        for seed, (b, hq, hk, s, d, causal, window, layout) in enumerate(GPU_CASES):
+            gen = torch.Generator().manual_seed(seed)  # the same inputs on every rank
+            q, k, v, dout = (torch.randn(b, h, s, d, generator=gen).to("cuda", torch.bfloat16) for h in (hq, hk, hk, hq))
+            local = [fad.shard(t, layout=layout).requires_grad_() for t in (q, k, v)]
+            out = fad.ring_attention(*local, causal=causal, window_size=window, layout=layout)
+            got = [out, *torch.autograd.grad(out, local, fad.shard(dout, layout=layout))]
+            refs = _reference(q, k, v, dout, causal, window, torch.float64)
+            lowps = _reference(q, k, v, dout, causal, window, torch.bfloat16)
+            for name, g, r, lp in zip(names, got, refs, lowps):
+                full = fad.unshard(g.detach().contiguous(), layout=layout)
+                assert_within_lowp_error(f"world {world}, {(b, hq, hk, s, d, causal, window, layout)}, {name}",
+                                         full, r, lp)
+        for seed, (lengths, hq, hk, d, causal, layout) in enumerate(GPU_VARLEN_CASES):
+            gen = torch.Generator().manual_seed(100 + seed)
+            total = sum(lengths)
+            q, k, v, dout = (torch.randn(total, h, d, generator=gen).to("cuda", torch.bfloat16) for h in (hq, hk, hk, hq))
+            cu = torch.tensor([0] + lengths).cumsum(0).to("cuda", torch.int32)
+            local = [fad.shard_varlen(t, cu, layout=layout).requires_grad_() for t in (q, k, v)]
+            out = fad.ring_attention_varlen(*local, cu, max(lengths), causal=causal, layout=layout)
+            got = [out, *torch.autograd.grad(out, local, fad.shard_varlen(dout, cu, layout=layout))]
+            got = [fad.unshard_varlen(g.detach().contiguous(), cu, layout=layout) for g in got]
+            bounds = [0] + torch.tensor(lengths).cumsum(0).tolist()
+            for b0, b1 in zip(bounds[:-1], bounds[1:]):  # each sequence alone, (1, H, n, D)
+                seq = [t[b0:b1].transpose(0, 1).unsqueeze(0) for t in (q, k, v, dout)]
+                refs = _reference(*seq, causal, (-1, -1), torch.float64)
+                lowps = _reference(*seq, causal, (-1, -1), torch.bfloat16)
+                for name, g, r, lp in zip(names, got, refs, lowps):
+                    assert_within_lowp_error(f"world {world}, varlen {lengths}, rows {b0}:{b1}, {name}",
+                                             g[b0:b1].transpose(0, 1).unsqueeze(0), r, lp)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_attention_on_gpus(world):
+    # NCCL, one process a GPU, bf16: within 2x PyTorch's own bf16 error of the float64 reference.
+    from helpers import cuda_kernels_available, skip_unless_built
+
+    if not cuda_kernels_available() or torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs and fa's CUDA kernels ({torch.cuda.device_count()} GPUs)")
+    skip_unless_built(128, "cuda")
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_gpu_worker, args=(world, os.path.join(tmp, "store")), nprocs=world, join=True)
 
 
 def _world_of_one(rank, store, device):

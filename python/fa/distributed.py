@@ -4,8 +4,8 @@ Each rank holds a slice of the sequence's queries, keys and values. The key/valu
 around the ring (rank r sends to r + 1 and receives from r - 1, through ``torch.distributed``'s
 point-to-point operations, NCCL on GPUs and gloo on CPUs), while each rank attends its queries to
 the slice it holds; the partial results are merged exactly by their log-sum-exp, in float32. The
-backward sends the key/value slices around again, each with the dK/dV accumulated for it so far,
-which arrives back at its owner after the last step.
+backward sends the key/value slices around again, each followed one step behind by the dK/dV
+accumulated for it so far, which arrives back at its owner after the last step.
 
 Layouts (how :func:`shard` cuts a sequence of length S among N ranks into 2N chunks of S / 2N):
 
@@ -248,9 +248,15 @@ class _RingAttention(torch.autograd.Function):
         kv = [k, v]
         dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
                torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
+        # The dK/dV accumulators follow their key/value slice one step behind it: the accumulator of
+        # the slice a step computes with arrives while that step computes (sent by the previous rank
+        # when its step before ended) and is waited for only to add the step's parts to it. After
+        # the last step one more hop takes each accumulator home.
+        dkv_pending = None
         for step in range(world):
             pending = ring.start(kv) if step + 1 < world else None
             kv_chunks = _chunk_ids(layout, (rank - step) % world, world)
+            parts = []
             for blk in _blocks(q_chunks, kv_chunks, size, causal, window, rows.whole):
                 target, keys = blk.rows, blk.keys
                 dqs, dks, dvs = rows.backward(
@@ -258,14 +264,18 @@ class _RingAttention(torch.autograd.Function):
                     _rows_of(kv[1], keys, dim), _rows_of(out, target, dim), rows.lse_rows(lse, target),
                     blk.left, blk.right)
                 _rows_of(dq, target, dim).add_(dqs)  # into float32, no copy
+                parts.append((keys, dks, dvs))
+            if dkv_pending is not None:
+                dkv = _Ring.wait(dkv_pending)
+            for keys, dks, dvs in parts:
                 _rows_of(dkv[0], keys, dim).add_(dks)
                 _rows_of(dkv[1], keys, dim).add_(dvs)
-            # The dK/dV accumulators follow their key/value slice; after the last step one more
-            # hop takes them home.
             if world > 1:
-                dkv = _Ring.wait(ring.start(dkv))
+                dkv_pending = ring.start(dkv)
             if pending is not None:
                 kv = _Ring.wait(pending)
+        if dkv_pending is not None:
+            dkv = _Ring.wait(dkv_pending)
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
 
 
