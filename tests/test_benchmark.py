@@ -19,6 +19,7 @@ import decode_suite  # noqa: E402
 import dense_suite  # noqa: E402
 import host_time  # noqa: E402
 import profile_ncu as fa_profile  # noqa: E402
+import ring_bench  # noqa: E402
 import sustained  # noqa: E402
 import timing  # noqa: E402
 import variants_suite  # noqa: E402
@@ -555,3 +556,44 @@ def test_variants_tables_name_each_rows_dtype():
     assert case.pairs() == 1 + 2 + 3 + 3 + 3 + 3
     args = bench.parse_args(["--suite", "variants", "--dtype", "float16"])
     assert args.dtypes == ["float16"]
+
+
+def test_ring_bench_formula_and_check():
+    # Forward + backward: 3.5 · 4·B·H·S²·D, halved when causal; the check flags a wrong slice.
+    assert ring_bench.fwd_bwd_flops(1, 32, 131072, 128, False) == 3.5 * 4 * 32 * 131072**2 * 128
+    assert ring_bench.fwd_bwd_flops(1, 32, 131072, 128, True) == 3.5 * 2 * 32 * 131072**2 * 128
+    assert ring_bench.parse_shapes("1,32,131072,128;2,4,256,64") == [(1, 32, 131072, 128), (2, 4, 256, 64)]
+    want = [torch.randn(2, 3, 8, 4) for _ in range(4)]
+    assert ring_bench.mismatches("x", want, want) == []
+    wrong = [want[0], want[1], want[2].flip(2), want[3]]  # dk's rows in another order
+    assert [m.split(":")[0] for m in ring_bench.mismatches("x", wrong, want)] == ["x dk"]
+
+
+def _ring_bench_rank(rank, world, port, out_path, argv):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    if rank == 0:
+        sys.stdout = open(out_path, "w")
+    status = ring_bench.main(argv)
+    sys.stdout.flush()
+    assert status == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU ranks (gloo); on GPUs it runs under torchrun")
+def test_ring_bench_runs_on_cpu_ranks(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "ring.txt"
+    argv = ["--shapes", "1,2,128,32", "--causal", "both", "--repeats", "1", "--largest"]
+    mp.spawn(_ring_bench_rank, args=(2, port, str(out), argv), nprocs=2, join=True)
+    lines = out.read_text().splitlines()
+    rows = [line for line in lines if line.startswith("| (")]
+    assert len(rows) == 2 and all(r.split("|")[3].strip() == "2" for r in rows)  # causal 0 and 1, N = 2
+    assert all(float(r.split("|")[8]) > 0 for r in rows)  # the efficiency
+    assert any("cp-cudnn: RuntimeError: needs CUDA" in line for line in lines)
+    assert "largest: needs GPUs (peak memory)" in lines and "2 ranks (gloo)" in lines[0]
