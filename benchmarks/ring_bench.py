@@ -274,21 +274,21 @@ def run_row(ranks, args, shape, causal, dtype, impls, failures: List[str]) -> st
     notes = []
     one_ms = ring_ms = cp_ms = None
 
-    # fa on one GPU: the reference of the checks, and the time the efficiency divides.
-    want = None
+    # fa on one GPU: the reference of the checks, and the time the efficiency divides. Every rank
+    # agrees whether it fits before any is timed (the timing's barriers are collectives).
+    want, one = None, None
     try:
         one = fa_one_gpu_call(q, k, v, dout, causal)
         want = [t.detach() for t in one()]
-        if "fa-1gpu" in impls:
-            one_ms = ranks.time_ms(one, args.repeats)
-        del one
     except torch.OutOfMemoryError:
-        want = None
         notes.append("fa 1 GPU: out of memory")
-    if ranks.cuda:
-        torch.cuda.empty_cache()
     if not ranks.all_ok(want is not None):
-        want = None
+        want, one = None, None
+        if ranks.cuda:
+            torch.cuda.empty_cache()
+    if one is not None and "fa-1gpu" in impls:
+        one_ms = ranks.time_ms(one, args.repeats)
+    del one
 
     if "fa-ring" in impls:
         ring = fa_ring_call(*(fad.shard(t) for t in (q, k, v, dout)), causal)
