@@ -6,6 +6,7 @@ of several GPUs the same in bf16 over NCCL, one process a GPU, against the float
 ring's blocks and merge are also run without torch.distributed, ranks simulated in one process, on
 the GPU too."""
 
+import datetime
 import os
 import tempfile
 
@@ -16,6 +17,10 @@ import torch.multiprocessing as mp
 
 import fa
 import fa.distributed as fad
+
+# A rank whose ring goes wrong fails its assertion while the others wait in a collective: with this
+# timeout they then fail too, and the test fails instead of hanging.
+TIMEOUT = datetime.timedelta(seconds=60)
 
 # (B, Hq, Hk, S, D, causal, window, layout): GQA, causal and not, windows shorter and longer than
 # a chunk (and asymmetric ones), both layouts; contiguous slices of odd length (S / N odd) and zigzag
@@ -47,7 +52,7 @@ def _case_ok(world, case):
 
 
 def _worker(rank, world, store, cases):
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=TIMEOUT)
     try:
         for seed, case in enumerate(cases):
             b, hq, hk, s, d, causal, window, layout = case
@@ -128,7 +133,7 @@ def _gpu_worker(rank, world, store):
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank))
+                            device_id=torch.device("cuda", rank), timeout=TIMEOUT)
     try:
         names = ("out", "dq", "dk", "dv")
         for seed, (b, hq, hk, s, d, causal, window, layout) in enumerate(GPU_CASES):
