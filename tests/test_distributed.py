@@ -138,7 +138,8 @@ def _gpu_worker(rank, world, store):
         names = ("out", "dq", "dk", "dv")
         for seed, (b, hq, hk, s, d, causal, window, layout) in enumerate(GPU_CASES):
             gen = torch.Generator().manual_seed(seed)  # the same inputs on every rank
-            q, k, v, dout = (torch.randn(b, h, s, d, generator=gen).to("cuda", torch.bfloat16) for h in (hq, hk, hk, hq))
+            q, k, v, dout = (torch.randn(b, h, s, d, generator=gen).to("cuda", torch.bfloat16)
+                             for h in (hq, hk, hk, hq))
             local = [fad.shard(t, layout=layout).requires_grad_() for t in (q, k, v)]
             out = fad.ring_attention(*local, causal=causal, window_size=window, layout=layout)
             got = [out, *torch.autograd.grad(out, local, fad.shard(dout, layout=layout))]
@@ -151,7 +152,8 @@ def _gpu_worker(rank, world, store):
         for seed, (lengths, hq, hk, d, causal, layout) in enumerate(GPU_VARLEN_CASES):
             gen = torch.Generator().manual_seed(100 + seed)
             total = sum(lengths)
-            q, k, v, dout = (torch.randn(total, h, d, generator=gen).to("cuda", torch.bfloat16) for h in (hq, hk, hk, hq))
+            q, k, v, dout = (torch.randn(total, h, d, generator=gen).to("cuda", torch.bfloat16)
+                             for h in (hq, hk, hk, hq))
             cu = torch.tensor([0] + lengths).cumsum(0).to("cuda", torch.int32)
             local = [fad.shard_varlen(t, cu, layout=layout).requires_grad_() for t in (q, k, v)]
             out = fad.ring_attention_varlen(*local, cu, max(lengths), causal=causal, layout=layout)
