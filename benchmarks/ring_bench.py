@@ -41,10 +41,11 @@ import torch.nn.functional as F
 
 import fa
 import fa.distributed as fad
-from timing import MISMATCH_TOLERANCE, environment, header, relative_mismatch
+import dense_suite
+from timing import BACKWARD_FLOP_FACTOR, MISMATCH_TOLERANCE, attention_flops, environment, header, relative_mismatch
 
 DEFAULT_SHAPES = "1,32,131072,128"
-FWD_BWD_FLOP_FACTOR = 3.5  # forward (1) + backward (2.5), in units of 4·B·H·S²·D
+FWD_BWD_FLOP_FACTOR = 1 + BACKWARD_FLOP_FACTOR  # in units of 4·B·H·S²·D (the table's header says so)
 TOKEN_MULTIPLE = 128  # a chunk's length (S / 2N) is kept a multiple of this
 
 
@@ -65,16 +66,15 @@ def parse_args(argv=None):
 
 
 def parse_shapes(text: str):
-    shapes = []
-    for item in text.replace("/", ";").split(";"):
-        if item.strip():
-            b, h, s, d = (int(x) for x in item.split(","))
-            shapes.append((b, h, s, d))
+    """bench.py's shapes (dense_suite.parse_shapes), one head dim for q, k and v."""
+    shapes = dense_suite.parse_shapes(text)
+    if any(len(shape) != 4 for shape in shapes):
+        raise argparse.ArgumentTypeError("ring_bench: shapes are B,H,S,D (one head dim)")
     return shapes
 
 
 def fwd_bwd_flops(b, h, s, d, causal) -> float:
-    return FWD_BWD_FLOP_FACTOR * 4.0 * b * h * s * s * d / (2 if causal else 1)
+    return attention_flops(b, h, s, s, d, causal, "fwd") + attention_flops(b, h, s, s, d, causal, "bwd")
 
 
 class Ranks:

@@ -122,10 +122,10 @@ def _reference(q, k, v, dout, causal, window, dtype):
     """variant_attention's output and gradients in `dtype` (float64: the reference; bf16: PyTorch's
     own low-precision error)."""
     from helpers import variant_attention
+    from test_variants import run_and_grads
 
-    x = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-    out, _ = variant_attention(*x, causal=causal, window=window, dtype=dtype)
-    return [out, *torch.autograd.grad(out, x, dout.to(dtype))]
+    return run_and_grads(lambda a, b, c: variant_attention(a, b, c, causal, window, dtype=dtype)[0],
+                         [t.to(dtype) for t in (q, k, v)], dout)
 
 
 def _gpu_worker(rank, world, store):
