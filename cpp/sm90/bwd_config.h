@@ -8,16 +8,16 @@
 // dSᵀ goes through shared memory and the two warpgroups split dQ's columns.
 //
 // Above head dim 128 (kSplitHeadDim) dK and dV of 64 keys per warpgroup would not fit in registers,
-// and dQ's reductions bound the step (docs/tried.md: b7eb755, c86cb70): a CTA owns 80 keys
-// (FA3's tile: 20% fewer dQ bytes per FLOP than 64) and the warpgroups split the head dim for
+// and dQ's reductions bound the step (docs/tried.md: b7eb755, c86cb70): a CTA owns 80 keys, 96 at
+// D = 192 (FA3's tiles: 20% fewer dQ bytes per FLOP than 64) and the warpgroups split the head dim for
 // dK, dV and dQ and the keys for S and dP:
-//   S = Q Kᵀ, dP = dO Vᵀ   queries × keys, 40 keys per warpgroup (wgmma N = 40);
+//   S = Q Kᵀ, dP = dO Vᵀ   queries × keys, half the keys per warpgroup (wgmma N = 40, 48);
 //   P, dS                  to shared memory as Pᵀ, dSᵀ (keys × queries, stmatrix .trans);
 //   dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS   head dim × keys (wgmma M = the head dim, 128 rows per
-//                          warpgroup, N = 80 keys): 2 × 80 accumulator registers a thread;
+//                          warpgroup, N = the CTA's keys): 2 × N accumulator registers a thread;
 //   dQ = dS K              in two slices of 128 columns (64 per warpgroup), each added to the
 //                          workspace from registers before the next is computed (32 registers).
-// One dO buffer (released once dV's GEMM is done) pays for the 80-key K and V tiles.
+// One dO buffer (released once dV's GEMM is done) pays for the K and V tiles of 80 (96) keys.
 //
 // v's head dim may be below q's and k's there (kHeadDimV, FA_HEAD_DIM_PAIRS: DeepSeek's 192/128):
 // dP, dV, dO and V at Dv. dVᵀ splits Dv between the warpgroups as above (Dv a multiple of 128),

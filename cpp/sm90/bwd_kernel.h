@@ -40,7 +40,7 @@
 // Sᵀ and dPᵀ behind dK and release Q once that Sᵀ is done (dK with it), else wait for dK and
 // release Q.
 //
-// Above head dim 128 (Config::kSplitHeadDim, 80 keys a CTA) the consumers run another step:
+// Above head dim 128 (Config::kSplitHeadDim, 80 or 96 keys a CTA) the consumers run another step:
 // backward_mma_split (sm90/bwd_mma_split.h).
 #pragma once
 

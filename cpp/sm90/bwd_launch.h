@@ -34,10 +34,10 @@ template <> struct BackwardTile<128> { static constexpr int kBlockM = 64,  kBloc
 // D = 256: 80 keys a CTA, the warpgroups split the head dim, dQ is added from registers, one dO
 // buffer (bwd_config.h, bwd_mma_split.h).
 template <> struct BackwardTile<256> { static constexpr int kBlockM = 64,  kBlockN = 80,  kStages = 2; };
-// D = 192 (v's head dim 128: FA_HEAD_DIM_PAIRS), split as D = 256. 80 keys: at 96 ptxas spilled
-// 8 bytes when this tile was chosen (none since; 96 not yet timed), at 112 it spills 888 bytes and
-// serialises the wgmma (C7512).
-template <> struct BackwardTile<192> { static constexpr int kBlockM = 64,  kBlockN = 80,  kStages = 2; };
+// D = 192 (v's head dim 128: FA_HEAD_DIM_PAIRS), split as D = 256, on FA3's 96 keys: 1.5-3.7%
+// faster than 80 and 1.19x deterministic (docs/performance.md); three Q/dO stages no faster. At
+// 112 keys ptxas spills 888 bytes and serialises the wgmma (C7512).
+template <> struct BackwardTile<192> { static constexpr int kBlockM = 64,  kBlockN = 96,  kStages = 2; };
 
 template <class Element, int kHeadDim, int kHeadDimV = kHeadDim, class T = BackwardTile<kHeadDim>>
 using BackwardConfigFor = BackwardConfig<Element, kHeadDim, T::kBlockM, T::kBlockN, T::kStages, kHeadDimV>;

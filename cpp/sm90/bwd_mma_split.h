@@ -1,15 +1,15 @@
 // The consumers of the Hopper-family backward above head dim 128 (Config::kSplitHeadDim): a CTA
-// owns kBlockN = 80 keys; per step of 64 queries each consumer warpgroup
-//   issues S = Q Kᵀ for its 40 keys (wgmma N = 40, both operands in shared memory), adds the step
+// owns kBlockN keys (80; 96 at D = 192); per step of 64 queries each consumer warpgroup
+//   issues S = Q Kᵀ for its half of them (wgmma N = kBlockN / 2, both operands in shared memory), adds the step
 //   before's last dQ slice to the workspace under it, then issues dP = dO Vᵀ (the same shape);
 //   P = exp2(S·scale·log2e - lse·log2e), dS = P ∘ (dP - delta), converted, to shared memory as Pᵀ
 //   and dSᵀ (keys × queries: stmatrix .trans), buffer t % 2;
 //   after both warpgroups' (kdSFull), issues dVᵀ += dOᵀ P, dQ's first slice, dKᵀ += Qᵀ dS (its
-//   128 rows of the head dim, all 80 keys);
+//   128 rows of the head dim, all the keys);
 //   once dV is done, releases dO (one buffer: the producer loads the next step's while the rest
 //   of this one runs); once the slice is done, adds it to the workspace from registers (16-byte
 //   reductions); then the next slice (behind dK), kept for the next step; then releases Q.
-// Why this tile (80 keys rather than 64), and what it costs, in bwd_config.h and docs/tried.md.
+// Why this tile (80 or 96 keys rather than 64), and what it costs, in bwd_config.h and docs/tried.md.
 // At D = 192 (v's head dim 128) warpgroup 0 computes dQ's slices 0 and 2 and warpgroup 1 slice 1
 // and dKᵀ's last 64 rows (kAsymmetric, bwd_config.h): each adds its first slice within the step
 // (warpgroup 1: none) and its last in the next one.
