@@ -9,8 +9,8 @@
 //
 // Above head dim 128 (kSplitHeadDim) dK and dV of 64 keys per warpgroup would not fit in registers,
 // and dQ's reductions bound the step (docs/tried.md: b7eb755, c86cb70): a CTA owns 80 keys, 96 at
-// D = 192 (FA3's tiles: 20% fewer dQ bytes per FLOP than 64) and the warpgroups split the head dim for
-// dK, dV and dQ and the keys for S and dP:
+// D = 192 (FA3's tiles: 20% and 33% fewer dQ bytes per FLOP than 64) and the warpgroups split the
+// head dim for dK, dV and dQ and the keys for S and dP:
 //   S = Q Kᵀ, dP = dO Vᵀ   queries × keys, half the keys per warpgroup (wgmma N = 40, 48);
 //   P, dS                  to shared memory as Pᵀ, dSᵀ (keys × queries, stmatrix .trans);
 //   dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS   head dim × keys (wgmma M = the head dim, 128 rows per

@@ -1,7 +1,8 @@
 // The consumers of the Hopper-family backward above head dim 128 (Config::kSplitHeadDim): a CTA
 // owns kBlockN keys (80; 96 at D = 192); per step of 64 queries each consumer warpgroup
-//   issues S = Q Kᵀ for its half of them (wgmma N = kBlockN / 2, both operands in shared memory), adds the step
-//   before's last dQ slice to the workspace under it, then issues dP = dO Vᵀ (the same shape);
+//   issues S = Q Kᵀ for its half of them (wgmma N = kBlockN / 2, both operands in shared memory),
+//   adds the step before's last dQ slice to the workspace under it, then issues dP = dO Vᵀ (the
+//   same shape);
 //   P = exp2(S·scale·log2e - lse·log2e), dS = P ∘ (dP - delta), converted, to shared memory as Pᵀ
 //   and dSᵀ (keys × queries: stmatrix .trans), buffer t % 2;
 //   after both warpgroups' (kdSFull), issues dVᵀ += dOᵀ P, dQ's first slice, dKᵀ += Qᵀ dS (its
