@@ -58,10 +58,11 @@ CUTE_DEVICE void bulk_reduce_wait_read() {
 #endif
 }
 
-// Waits until this thread's bulk reductions are complete.
-CUTE_DEVICE void bulk_reduce_wait_all() {
+// Waits until all but the newest kPending of this thread's bulk reductions are complete.
+template <int kPending = 0>
+CUTE_DEVICE void bulk_reduce_wait_complete() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(kPending) : "memory");
 #endif
 }
 

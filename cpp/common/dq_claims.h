@@ -32,7 +32,7 @@
 
 #include <cute/config.hpp>
 
-#include "common/bulk_reduce.h"  // bulk_reduce_wait_all, fence_view_async_global
+#include "common/bulk_reduce.h"  // bulk_reduce_wait_complete, fence_view_async_global
 #include "fa/kernels.h"            // kDqClaimRows
 
 namespace fa {
@@ -63,10 +63,12 @@ CUTE_DEVICE void dq_claim_wait_written(const int* claim) {
 #endif
 }
 
-// Waits until this thread's bulk operations are complete (their writes performed) and orders them
-// before its next release: what a claim's publication or a turn's pass (below) must follow.
+// Waits until this thread's bulk operations but the newest kPending are complete (their writes
+// performed) and orders them before its next release: what a claim's publication or a turn's pass
+// (below) must follow.
+template <int kPending = 0>
 CUTE_DEVICE void bulk_writes_before_release() {
-  bulk_reduce_wait_all();
+  bulk_reduce_wait_complete<kPending>();
   fence_view_async_global();
 }
 
@@ -114,9 +116,11 @@ CUTE_DEVICE void dq_turn_pass(int* turn) {
 #endif
 }
 
-// dq_turn_pass for a turn whose addition this thread made by bulk operations.
+// dq_turn_pass for a turn whose addition this thread made by bulk operations, all but the newest
+// kPending of them (issued since, for another tile).
+template <int kPending = 0>
 CUTE_DEVICE void dq_turn_pass_bulk(int* turn) {
-  bulk_writes_before_release();
+  bulk_writes_before_release<kPending>();
   dq_turn_pass(turn);
 }
 

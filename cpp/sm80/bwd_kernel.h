@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if constexpr (kBulk) {
       add_staged_dq(steps - 1);
       if (deterministic) dq_turn_pass_bulk(turn_count(steps - 1));
-      else bulk_reduce_wait_all();
+      else bulk_reduce_wait_complete();
     } else {
       if (deterministic) dq_turn_pass(turn_count(steps - 1));
     }
