@@ -23,9 +23,10 @@ CASES = [
     ((1, 8, 2, 1900, 1900, 128), True, (255, 0), 0.0, torch.bfloat16),  # a window: turns from its left bound
     ((1, 4, 4, 700, 1500, 128), False, (300, 200), 0.0, torch.float16),
     ((1, 8, 4, 1200, 1200, 128), True, (-1, -1), 30.0, torch.bfloat16),  # soft-capped
+    ((1, 4, 4, 2500, 1100, 128), False, (-1, -1), 0.0, torch.float16),  # 40 query tiles a key tile: turns passed late
 ]
 CASE_IDS = ["gqa8-causal-d128", "odd-sq<sk-d64", "causal-d256", "full-d256", "window-causal", "window-both",
-            "softcap"]
+            "softcap", "long-tiles-d128"]
 
 
 def _grads(q, k, v, dout, causal, window, softcap, deterministic, sinks=None):
