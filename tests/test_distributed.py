@@ -212,7 +212,7 @@ def _world_of_one(rank, store, device):
             for name, a, r, lp in zip(("dq", "dk", "dv"), g, refs, lowps):
                 assert_within_lowp_error(name, a, r, lp)
         assert torch.equal(fad.unshard(fad.shard(q.detach())), q.detach())
-        if device == "cpu":  # v's head dim apart from q's and k's (the CPU path's for now)
+        if device == "cpu":  # v's head dim apart from q's and k's, on the CPU ranks
             v = torch.randn(1, 4, 256, 32, dtype=dtype, requires_grad=True)
             out, ref = fad.ring_attention(q, k, v, causal=True), fa.attention(q, k, v, causal=True)
             torch.testing.assert_close(out, ref)

@@ -265,7 +265,7 @@ Kernels forward_kernels(const std::string& arch, int64_t head_dim, bool softcap,
   return {Family::kSm80, kernel_head_dim(head_dim, Direction::kForward, op)};
 }
 
-// The backward: the Hopper family where it has a kernel (head dims up to 128 for now), else the
+// The backward: the Hopper family where it has a kernel for the head dim, else the
 // Ampere family, also under FA_KERNEL_FAMILY=sm90 (the forward of those head dims is Hopper's;
 // the pair stays one consistent choice per call).
 Kernels backward_kernels(const std::string& arch, int64_t head_dim, bool softcap, const char* op) {

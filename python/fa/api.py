@@ -80,7 +80,9 @@ def attention(
             The last dimension must have stride 1; other strides are free, so a ``(B, S, H, D)``
             tensor seen through ``.transpose(1, 2)`` is used as it is. ``D``: a multiple of 8, at
             most 256. v may have another head dim ``Dv`` (same rule; DeepSeek's 192 / 128), which
-            the output takes: on the CPU for now (the CUDA kernels raise).
+            the output takes: on CUDA the Hopper family's kernels of ``FA_HEAD_DIM_PAIRS`` (192/128
+            by default), elsewhere the kernels of one head dim on zero-padded copies (correct, not
+            fast).
         causal: query ``i`` sees key ``j`` iff ``j <= i + (Sk - Sq)`` (bottom-right aligned, as in
             FlashAttention >= 2.1). When ``Sq == Sk`` this is the usual lower triangle. It differs
             from SDPA's ``is_causal`` (top-left aligned) when ``Sq != Sk``. A row that sees no key
