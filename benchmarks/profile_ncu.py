@@ -5,6 +5,7 @@
     python benchmarks/profile_ncu.py --mode bwd --impl flash        # a peer's kernels, same metrics
     python benchmarks/profile_ncu.py --shape 4,32,8192,128 --causal --window 1023,0 --impl fa3
     python benchmarks/profile_ncu.py --shape 4,32,8192,128 --softcap 50 --dtype bfloat16
+    python benchmarks/profile_ncu.py --mode decode --decode-case 3 --kv-dtype float8_e4m3fn  # a KV-cache call
     ncu-ui benchmarks/results/profile-fwd-4x64x8192x128.ncu-rep   # the full report, in the UI
 
 The measured call runs between cudaProfilerStart and cudaProfilerStop, after a warm-up outside
@@ -15,6 +16,10 @@ profiles SDPA's FlashAttention-2 or cuDNN kernels on the same case, for a side-b
 Build with -C cmake.define.FA_LINEINFO=ON to map the report's source view onto the CuTe lines.
 --window and --softcap profile the variants (fa and FA3; SDPA's backends take neither): the
 TFLOP/s then count only the (query, key) pairs the mask lets through, as bench.py's.
+--mode decode profiles a row of `bench.py --suite decode` (--decode-case: its index in
+decode_suite.DECODE_CASES; --kv-dtype float8_e4m3fn: fa with the cache in e4m3, as that suite's
+fa-fp8; --num-splits: fa's split-KV count, 0 chooses) and gives the decode kernel's K and V bytes
+over its duration instead of TFLOP/s (the split-KV combine is a kernel of its own).
 """
 
 import argparse
@@ -28,6 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import decode_suite
 from timing import BACKWARD_FLOP_FACTOR, attention_flops, mask_pairs
 
 HERE = Path(__file__).resolve().parent
@@ -85,11 +91,18 @@ def parse_args(argv=None):
     p.add_argument("--shape", type=parse_shape, default=(4, 64, 8192, 128), help="B,H,S,D")
     p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     p.add_argument("--causal", action="store_true")
-    p.add_argument("--mode", choices=["fwd", "bwd"], default="fwd")
+    p.add_argument("--mode", choices=["fwd", "bwd", "decode"], default="fwd",
+                   help="decode: a row of bench.py's decode suite (--decode-case), not --shape")
     p.add_argument("--window", type=parse_window, default=(-1, -1), metavar="LEFT,RIGHT",
                    help="window_size, FlashAttention's convention (-1: unbounded)")
     p.add_argument("--softcap", type=float, default=0.0, help="soft-capping (0: none)")
     p.add_argument("--impl", choices=IMPLS, default="fa", help="fa, or an SDPA backend to compare with")
+    p.add_argument("--decode-case", type=int, default=0, choices=range(len(decode_suite.DECODE_CASES)),
+                   metavar="N", help="--mode decode: the decode suite's row N: " +
+                   "; ".join(f"{i}: {c.label()}" for i, c in enumerate(decode_suite.DECODE_CASES)))
+    p.add_argument("--kv-dtype", choices=["same", "float8_e4m3fn"], default="same",
+                   help="--mode decode: the cache's dtype (same: --dtype; float8_e4m3fn: fa alone)")
+    p.add_argument("--num-splits", type=int, default=0, help="--mode decode: fa's num_splits (0 chooses)")
     p.add_argument("--out", type=Path, default=HERE / "results", help="folder of the .ncu-rep")
     p.add_argument("--ncu", default="ncu", help="the Nsight Compute CLI")
     p.add_argument("--set", default="full", help="ncu metric set")
@@ -112,6 +125,38 @@ def case_flops(shape, causal, mode, window=(-1, -1)):
     return 4.0 * b * h * mask_pairs(s, causal, window) * d * (BACKWARD_FLOP_FACTOR if mode == "bwd" else 1.0)
 
 
+def decode_call(args):
+    """--mode decode: the measured call, a row of the decode suite with fa (its cache in --kv-dtype,
+    its --num-splits) or a peer (decode_suite.make_decode_impl: FA3, or SDPA's backends on a
+    contiguous cache)."""
+    import torch
+
+    fp8 = args.kv_dtype == "float8_e4m3fn"
+    if fp8 and args.impl != "fa":
+        raise SystemExit("profile: --kv-dtype float8_e4m3fn is fa's alone (--impl fa)")
+    if args.num_splits and args.impl != "fa":
+        raise SystemExit("profile: --num-splits is fa's (--impl fa)")
+    if args.impl not in ("fa", "fa3", "flash", "cudnn"):
+        raise SystemExit(f"profile: --mode decode takes --impl fa, fa3, flash or cudnn, not {args.impl}")
+    case = decode_suite.DECODE_CASES[args.decode_case]
+    inputs = decode_suite.make_inputs(case, getattr(torch, args.dtype))
+    if args.impl == "fa":
+        import fa
+
+        q, k, v, seqlens, pages, *descales = decode_suite.fp8_inputs(inputs)[0] if fp8 else inputs
+        scales = dict(zip(("k_descale", "v_descale"), descales))
+        return lambda: fa.attention_kvcache(q, k, v, seqlens, pages, causal=True, num_splits=args.num_splits,
+                                            **scales)
+    fn = decode_suite.make_decode_impl(args.impl, case)
+    return lambda: fn(*inputs)
+
+
+def decode_bytes(args) -> int:
+    """The K and V bytes the decode case's call must read (decode_suite's count)."""
+    case = decode_suite.DECODE_CASES[args.decode_case]
+    return case.kv_bytes(1 if args.kv_dtype == "float8_e4m3fn" else 2)
+
+
 def worker(args) -> int:
     """Runs inside ncu: warm up, then the measured call between profiler start and stop.
 
@@ -122,6 +167,14 @@ def worker(args) -> int:
     """
     import torch
 
+    if args.mode == "decode":
+        call = decode_call(args)
+
+        def run():
+            with torch.no_grad():
+                call()
+
+        return measure(run)
     dtype = getattr(torch, args.dtype)
     q, k, v = (torch.randn(args.shape, device="cuda", dtype=dtype) for _ in range(3))
     dout = torch.randn(args.shape, device="cuda", dtype=dtype)
@@ -171,6 +224,13 @@ def worker(args) -> int:
             else:
                 torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
+    return measure(run)
+
+
+def measure(run) -> int:
+    """run() once to warm up, then once between profiler start and stop (inside the NVTX range)."""
+    import torch
+
     run()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push(NVTX_RANGE)
@@ -219,10 +279,10 @@ def is_main_kernel(name):
     """The attention kernel itself, as opposed to a pre- or post-pass: its time is the one the
     FLOP count is divided by (fa's, FlashAttention-2's and cuDNN's kernel names)."""
     lowered = name.lower()
-    if any(key in lowered for key in ("convert", "dot_do_o", "preprocess", "postprocess")):
+    if any(key in lowered for key in ("convert", "dot_do_o", "preprocess", "postprocess", "combine")):
         return False
-    return any(key in name for key in ("forward_kernel", "backward_kernel", "flash_fwd", "flash_bwd", "sdpa", "fprop",
-                                       "bprop", "FlashAttnFwd", "FlashAttnBwd"))
+    return any(key in name for key in ("forward_kernel", "backward_kernel", "decode_kernel", "flash_fwd", "flash_bwd",
+                                       "sdpa", "fprop", "bprop", "FlashAttnFwd", "FlashAttnBwd"))
 
 
 def known_metrics(wanted, query_text):
@@ -233,7 +293,9 @@ def known_metrics(wanted, query_text):
     return kept, [m for m in wanted if m not in kept]
 
 
-def summarize(rows, flops, extra=()):
+def summarize(rows, flops, extra=(), kv_bytes=None):
+    """Each kernel's summary; the attention kernel's achieved TFLOP/s, or with kv_bytes (a decode
+    case) its K and V bytes over its duration."""
     lines = []
     for row in rows:
         name = row.get("Kernel Name", "?")
@@ -241,7 +303,9 @@ def summarize(rows, flops, extra=()):
         lines.append(f"\n{short}")
         lines.append(f"  {name[:160]}")
         duration = number(row, "gpu__time_duration.sum")
-        if duration and is_main_kernel(name):
+        if duration and is_main_kernel(name) and kv_bytes:
+            lines.append(f"  {'K+V bytes GB/s':24s} {kv_bytes / duration / 1e9:.0f}")
+        elif duration and is_main_kernel(name):
             lines.append(f"  {'achieved TFLOP/s':24s} {flops / duration / 1e12:.0f}")
         for label, metric, fmt in SUMMARY_METRICS:
             value = number(row, metric)
@@ -346,14 +410,18 @@ def main(argv=None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     shape_tag = "x".join(map(str, args.shape))
+    if args.mode == "decode":
+        shape_tag = (f"case{args.decode_case}" + ("-e4m3" if args.kv_dtype != "same" else "") +
+                     (f"-splits{args.num_splits}" if args.num_splits else ""))
     impl_tag = "" if args.impl == "fa" else f"{args.impl}-"
     variant_tag = ((f"-window{args.window[0]}_{args.window[1]}" if tuple(args.window) != (-1, -1) else "") +
                    (f"-softcap{args.softcap:g}" if args.softcap else ""))
     report = args.out / f"profile-{impl_tag}{args.mode}-{shape_tag}{'-causal' if args.causal else ''}{variant_tag}.ncu-rep"
     worker_cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", ",".join(map(str, args.shape)),
                   "--dtype", args.dtype, "--mode", args.mode, "--impl", args.impl,
-                  "--window=" + ",".join(map(str, args.window)), "--softcap", str(args.softcap)] + \
-                 (["--causal"] if args.causal else [])
+                  "--window=" + ",".join(map(str, args.window)), "--softcap", str(args.softcap),
+                  "--decode-case", str(args.decode_case), "--kv-dtype", args.kv_dtype,
+                  "--num-splits", str(args.num_splits)] + (["--causal"] if args.causal else [])
     extra = [m for m in args.metrics.split(",") if m]
     if extra:
         query = subprocess.run([args.ncu, "--query-metrics"], capture_output=True, text=True).stdout
@@ -364,12 +432,19 @@ def main(argv=None) -> int:
            "--metrics", ",".join(dict.fromkeys(EXTRA_METRICS + extra)), "--import-source", "yes", "--force-overwrite", "--export", str(report.with_suffix(""))] + worker_cmd
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
-    flops = case_flops(args.shape, args.causal, args.mode, tuple(args.window))
     print(f"\nreport: {report}  (open with: ncu-ui {report})")
-    print(f"case: {args.impl} {args.shape} {args.dtype} causal={args.causal} window={tuple(args.window)} "
-          f"softcap={args.softcap:g} {args.mode}, {flops / 1e12:.2f} TFLOP (4·B·H·pairs·D"
-          f"{' x2.5' if args.mode == 'bwd' else ''}, pairs = those the mask lets through)")
-    print(summarize(read_report(args.ncu, report), flops, extra))
+    kv_bytes = None
+    if args.mode == "decode":
+        flops, kv_bytes = 0.0, decode_bytes(args)
+        cache = "float8_e4m3fn" if args.kv_dtype != "same" else args.dtype
+        print(f"case: {args.impl} decode {decode_suite.DECODE_CASES[args.decode_case].label()}, q {args.dtype}, "
+              f"cache {cache}, num_splits {args.num_splits or 'chosen'}: {kv_bytes / 1e6:.1f} MB of K and V")
+    else:
+        flops = case_flops(args.shape, args.causal, args.mode, tuple(args.window))
+        print(f"case: {args.impl} {args.shape} {args.dtype} causal={args.causal} window={tuple(args.window)} "
+              f"softcap={args.softcap:g} {args.mode}, {flops / 1e12:.2f} TFLOP (4·B·H·pairs·D"
+              f"{' x2.5' if args.mode == 'bwd' else ''}, pairs = those the mask lets through)")
+    print(summarize(read_report(args.ncu, report), flops, extra, kv_bytes))
     if args.source_top:
         text = subprocess.run([args.ncu, "--import", str(report), "--page", "source", "--csv", "--print-source", "sass"],
                               capture_output=True, text=True).stdout

@@ -497,6 +497,30 @@ def test_profile_variants_count_the_pairs_through_the_mask():
         fa_profile.parse_args(["--window", "-2,0"])
 
 
+def test_profile_decode_case_bytes_and_kernels():
+    # --mode decode: a row of the decode suite, its K and V bytes over the decode kernel's duration.
+    args = fa_profile.parse_args(["--mode", "decode", "--decode-case", "3", "--kv-dtype", "float8_e4m3fn",
+                                  "--num-splits", "2"])
+    assert (args.mode, args.decode_case, args.kv_dtype, args.num_splits) == ("decode", 3, "float8_e4m3fn", 2)
+    assert fa_profile.decode_bytes(args) == 64 * 8 * 4096 * (128 + 128) * 1
+    assert fa_profile.decode_bytes(fa_profile.parse_args(["--mode", "decode"])) == 1 * 8 * 131072 * 256 * 2
+    with pytest.raises(SystemExit):
+        fa_profile.parse_args(["--mode", "decode", "--decode-case", str(len(decode_suite.DECODE_CASES))])
+    for bad in (["--impl", "fa3", "--kv-dtype", "float8_e4m3fn"], ["--impl", "cudnn", "--num-splits", "4"],
+                ["--impl", "fa-sm90"]):
+        with pytest.raises(SystemExit, match="profile: "):  # before any tensor is made
+            fa_profile.decode_call(fa_profile.parse_args(["--mode", "decode"] + bad))
+    assert fa_profile.is_main_kernel("void fa::sm80::decode_kernel<fa::sm80::DecodeConfig<...>>(fa::ForwardParams)")
+    assert not fa_profile.is_main_kernel("void fa::combine_splits_kernel<cutlass::bfloat16_t, 128>(fa::ForwardParams)")
+    names = ["ID", "Kernel Name", "gpu__time_duration.sum"]
+    rows = [["0", "void fa::sm80::decode_kernel<...>(fa::ForwardParams)", "100.00"],
+            ["1", "void fa::combine_splits_kernel<...>(fa::ForwardParams)", "5.00"]]
+    text = "\n".join(",".join(f'"{c}"' for c in r) for r in [names, ["", "", "usecond"]] + rows)
+    summary = fa_profile.summarize(fa_profile.parse_raw_csv(text), 0.0, kv_bytes=fa_profile.decode_bytes(args))
+    assert summary.count("K+V bytes GB/s") == 1 and "K+V bytes GB/s           5369" in summary  # 537 MB in 100 us
+    assert "TFLOP/s" not in summary
+
+
 def test_profile_source_hotspots():
     header = '"Address","Source","Warp Stall Sampling (All Samples)","L1 Wavefronts Shared Excessive"\n'
     text = ('"Kernel Name","void fa::backward_preprocess_kernel<cutlass::half_t, 128>(fa::BackwardParams)",\n' + header +
