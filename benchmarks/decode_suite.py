@@ -106,18 +106,21 @@ def fp8_inputs(inputs):
     return (*out, seqlens, pages, *descales), (q, *dequantised, seqlens, pages)
 
 
-def make_decode_impl(name: str, case: DecodeCase) -> Callable:
+def make_decode_impl(name: str, case: DecodeCase, num_splits: int = 0) -> Callable:
     """fn(q, k_cache, v_cache, seqlens, page_table) -> (B, Hq, Sq, Dv) output (causal); fa-fp8's
-    takes fp8_inputs' (q, k8, v8, seqlens, page_table, k_descale, v_descale)."""
+    takes fp8_inputs' (q, k8, v8, seqlens, page_table, k_descale, v_descale). num_splits: fa's
+    (0 chooses)."""
     if name == "fa":
         import fa
 
-        return lambda q, k, v, seqlens, pages: fa.attention_kvcache(q, k, v, seqlens, pages, causal=True)
+        return lambda q, k, v, seqlens, pages: fa.attention_kvcache(q, k, v, seqlens, pages, causal=True,
+                                                                    num_splits=num_splits)
     if name == "fa-fp8":
         import fa
 
         return lambda q, k, v, seqlens, pages, kd, vd: fa.attention_kvcache(q, k, v, seqlens, pages, causal=True,
-                                                                          k_descale=kd, v_descale=vd)
+                                                                          num_splits=num_splits, k_descale=kd,
+                                                                          v_descale=vd)
     if name == "fa3":
         from flash_attn_interface import flash_attn_with_kvcache
 

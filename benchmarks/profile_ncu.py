@@ -140,14 +140,9 @@ def decode_call(args):
         raise SystemExit(f"profile: --mode decode takes --impl fa, fa3, flash or cudnn, not {args.impl}")
     case = decode_suite.DECODE_CASES[args.decode_case]
     inputs = decode_suite.make_inputs(case, getattr(torch, args.dtype))
-    if args.impl == "fa":
-        import fa
-
-        q, k, v, seqlens, pages, *descales = decode_suite.fp8_inputs(inputs)[0] if fp8 else inputs
-        scales = dict(zip(("k_descale", "v_descale"), descales))
-        return lambda: fa.attention_kvcache(q, k, v, seqlens, pages, causal=True, num_splits=args.num_splits,
-                                            **scales)
-    fn = decode_suite.make_decode_impl(args.impl, case)
+    if fp8:
+        inputs = decode_suite.fp8_inputs(inputs)[0]
+    fn = decode_suite.make_decode_impl("fa-fp8" if fp8 else args.impl, case, args.num_splits)
     return lambda: fn(*inputs)
 
 
