@@ -54,10 +54,11 @@ struct SumOp {
 };
 
 // kMaxOffset > 0 (the FP8 forward, whose P enters O += P V as e4m3): the probabilities are
-// exp2(s · scale_log2 - m · scale_log2 + kMaxOffset), up to 2^kMaxOffset, so that the small ones
-// stay among e4m3's normal numbers (down to 2^-6); the reference is then the exact running max
-// (every larger max moves it, no threshold: 2^8 · 2^8 would pass e4m3's 448). The row sums and O
-// carry the same factor, which finalize() takes out.
+// exp2(s · scale_log2 - m · scale_log2 + kMaxOffset), up to 2^kMaxOffset at the reference, so that
+// the small ones stay among e4m3's normal numbers (down to 2^-6); the reference moves once a row's
+// scores pass it by 0.8 in exp2's units, which keeps every probability below 2^8.8 = 445.7 (e4m3's
+// largest is 448; with unit-variance scores about half the tiles' rescales of the exact running
+// max). The row sums and O carry the factor 2^kMaxOffset, which finalize() takes out.
 template <int kRows, int kMaxOffset = 0>
 struct OnlineSoftmax {
   static constexpr int kRowCount = kRows;
@@ -76,7 +77,7 @@ struct OnlineSoftmax {
 
   // How far (in exp2's units: a factor 2^8 = 256) a row's scores may exceed its reference max
   // before the reference moves to them and O is rescaled.
-  static constexpr float kRescaleThreshold = kMaxOffset > 0 ? 0.f : 8.f;
+  static constexpr float kRescaleThreshold = kMaxOffset > 0 ? 8.8f - kMaxOffset : 8.f;
   // 2^-kMaxOffset: the probabilities' factor, taken out of the sums at the end.
   static constexpr float kUnscale = 1.f / float(1 << kMaxOffset);
 
