@@ -206,6 +206,14 @@ struct BackwardConfig {
   // order from the last key tile down (BackwardTileOrder's shortest_first) kL2SectionBudget:
   // (4, 16, 4096) 388 TFLOP/s, 218 with 160 MB.
   static constexpr int64_t kL2SectionBudgetDeterministic = kHeadDim == 256 ? int64_t(160) << 20 : kL2SectionBudget;
+  // On a memory bus narrower than the H200's 6144 bits (the H100 SXM's 5120: 3.35 TB/s against 4.8),
+  // a deterministic backward's at D = 256 in both orders: 20 MB. Timed call by call (H100, c07b4fb,
+  // FA_BWD_L2_BUDGET_MB; docs/tried.md): non-causal (4, 16, 4096), (2, 16, 8192) 311 → 422, 409 →
+  // 416 TFLOP/s against 160 MB (40 MB 424, 422; 80 MB 370, 425); causal (shortest first) 322 → 385,
+  // 358 → 413 against 40 MB (80 MB 211, 234).
+  static constexpr int64_t kNarrowBusBits = 6144;
+  static constexpr int64_t kL2SectionBudgetDeterministicNarrowBus =
+      kHeadDim == 256 ? int64_t(20) << 20 : kL2SectionBudget;
 
   // The buffers only some configurations have, as base classes present or empty: Pᵀ (split head
   // dim; laid out as dSᵀ, two buffers) and dQ's staging buffers (not with kdQFromRegisters).

@@ -122,10 +122,17 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   // workspace rows; for a varlen batch at its sequences' mean length (at the longest one's, a
   // section held fewer units than the budget allows: docs/tried.md). The sections fill at most
   // Config::kL2SectionBudget of the H100's 50 MB (a deterministic call's in the order from the
-  // first key tile: kL2SectionBudgetDeterministic), or FA_BWD_L2_BUDGET_MB (a tuning knob for
-  // timing sections of other sizes).
+  // first key tile: kL2SectionBudgetDeterministic; on a memory bus narrower than the H200's, in
+  // both orders: kL2SectionBudgetDeterministicNarrowBus), or FA_BWD_L2_BUDGET_MB (a tuning knob
+  // for timing sections of other sizes).
   int64_t l2_budget = p.deterministic && !shortest_first ? Config::kL2SectionBudgetDeterministic
                                                          : Config::kL2SectionBudget;
+  if (p.deterministic) {
+    int bus_bits = 0;
+    err = current_device_memory_bus_bits(bus_bits);
+    if (err != cudaSuccess) return err;
+    if (bus_bits < Config::kNarrowBusBits) l2_budget = Config::kL2SectionBudgetDeterministicNarrowBus;
+  }
   if (const char* mb = std::getenv("FA_BWD_L2_BUDGET_MB")) l2_budget = int64_t(std::max(0, std::atoi(mb))) << 20;
   const int group = p.heads_q / p.heads_kv;
   const int64_t unit_rows =
