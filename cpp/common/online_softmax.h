@@ -75,8 +75,8 @@ struct OnlineSoftmax {
     }
   }
 
-  // How far (in exp2's units: a factor 2^8 = 256) a row's scores may exceed its reference max
-  // before the reference moves to them and O is rescaled.
+  // How far (in exp2's units: 8, a factor 256; FP8: 0.8, above) a row's scores may exceed its
+  // reference max before the reference moves to them and O is rescaled.
   static constexpr float kRescaleThreshold = kMaxOffset > 0 ? 8.8f - kMaxOffset : 8.f;
   // 2^-kMaxOffset: the probabilities' factor, taken out of the sums at the end.
   static constexpr float kUnscale = 1.f / float(1 << kMaxOffset);
