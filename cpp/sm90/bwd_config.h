@@ -211,9 +211,13 @@ struct BackwardConfig {
   // FA_BWD_L2_BUDGET_MB; docs/tried.md): non-causal (4, 16, 4096), (2, 16, 8192) 311 → 422, 409 →
   // 416 TFLOP/s against 160 MB (40 MB 424, 422; 80 MB 370, 425); causal (shortest first) 322 → 385,
   // 358 → 413 against 40 MB (80 MB 211, 234).
-  static constexpr int64_t kNarrowBusBits = 6144;
-  static constexpr int64_t kL2SectionBudgetDeterministicNarrowBus =
-      kHeadDim == 256 ? int64_t(20) << 20 : kL2SectionBudget;
+  static constexpr int kNarrowBusBits = 6144;
+  // The budget of a call's sections (launch_backward): shortest_first, its causal deterministic order
+  // from the last key tile down; bus_bits, the device's memory bus width.
+  static constexpr int64_t l2_section_budget(bool deterministic, bool shortest_first, int bus_bits) {
+    if (deterministic && kHeadDim == 256 && bus_bits < kNarrowBusBits) return int64_t(20) << 20;
+    return deterministic && !shortest_first ? kL2SectionBudgetDeterministic : kL2SectionBudget;
+  }
 
   // The buffers only some configurations have, as base classes present or empty: Pᵀ (split head
   // dim; laid out as dSᵀ, two buffers) and dQ's staging buffers (not with kdQFromRegisters).

@@ -121,18 +121,12 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   // What one (batch, kv head) streams through L2: Q and dO of its query heads and their dQ
   // workspace rows; for a varlen batch at its sequences' mean length (at the longest one's, a
   // section held fewer units than the budget allows: docs/tried.md). The sections fill at most
-  // Config::kL2SectionBudget of the H100's 50 MB (a deterministic call's in the order from the
-  // first key tile: kL2SectionBudgetDeterministic; on a memory bus narrower than the H200's, in
-  // both orders: kL2SectionBudgetDeterministicNarrowBus), or FA_BWD_L2_BUDGET_MB (a tuning knob
-  // for timing sections of other sizes).
-  int64_t l2_budget = p.deterministic && !shortest_first ? Config::kL2SectionBudgetDeterministic
-                                                         : Config::kL2SectionBudget;
-  if (p.deterministic) {
-    int bus_bits = 0;
-    err = current_device_memory_bus_bits(bus_bits);
-    if (err != cudaSuccess) return err;
-    if (bus_bits < Config::kNarrowBusBits) l2_budget = Config::kL2SectionBudgetDeterministicNarrowBus;
-  }
+  // Config::l2_section_budget of the H100's 50 MB (by head dim, determinism, order and memory bus),
+  // or FA_BWD_L2_BUDGET_MB (a tuning knob for timing sections of other sizes).
+  int bus_bits = 0;
+  err = current_device_memory_bus_bits(bus_bits);
+  if (err != cudaSuccess) return err;
+  int64_t l2_budget = Config::l2_section_budget(p.deterministic, shortest_first, bus_bits);
   if (const char* mb = std::getenv("FA_BWD_L2_BUDGET_MB")) l2_budget = int64_t(std::max(0, std::atoi(mb))) << 20;
   const int group = p.heads_q / p.heads_kv;
   const int64_t unit_rows =
