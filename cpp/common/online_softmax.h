@@ -17,6 +17,18 @@
 // a row's scores jump, not in every tile that holds a new max by any margin: with scores of
 // similar size that is the first tile of a row only.
 //
+// Soft-capped scores lie in [-softcap, softcap], and the bf16 forward then needs no running max
+// (kHoldsFixedReference, below): a row's reference is set once, in the first key tile where the row
+// sees a key, and never moves, so the steps after it compute no max, need no shuffles and never
+// rescale O. In a tile that needs a mask (settle_scores) the reference is that tile's max of the
+// row, raised by a whole number of exp2's units to at least scale_log2 - kFixedHeadroom (the floor):
+// the probability at that max is then a power of two, exact in bf16, so a row that sees one key
+// gets O = V exactly, as with the running max. A tile without a mask (floor_scores) shows the row
+// all its keys, and the floor itself serves. Every later probability is at most
+// 2^(scale_log2 - floor) = 2^kFixedHeadroom (bf16 and fp32 hold it; fp16 does not), and a row's
+// largest at least 2^(kFixedHeadroom - 2 · scale_log2), a normal number (2^-120 and above) where
+// scale_log2 <= kFixedMaxScaleLog2 (softcap up to 63.7); larger caps take the running max.
+//
 // Scores and accumulators come as "row-column" views: mode 0 runs over the rows this thread holds
 // values of, mode 1 over its values in a row. The values of one row are spread over the
 // kThreadsPerRow lanes of a quad (mma.sync's and wgmma's accumulator layouts alike), so
@@ -24,6 +36,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
@@ -52,6 +65,11 @@ struct MaxOp {
 struct SumOp {
   CUTE_DEVICE float operator()(float a, float b) const { return a + b; }
 };
+
+// Whether a forward of this element type and head dim holds the fixed reference when soft-capping
+// (above): bf16 up to D = 128. At D = 256 it measured level with the running max, which stays.
+template <class Element, int kHeadDim>
+inline constexpr bool kHoldsFixedReference = std::is_same_v<Element, cute::bfloat16_t> && kHeadDim <= 128;
 
 // kMaxOffset > 0 (the FP8 forward, whose P enters O += P V as e4m3): the probabilities are
 // exp2(s · scale_log2 - m · scale_log2 + kMaxOffset), up to 2^kMaxOffset at the reference, so that
@@ -106,6 +124,50 @@ struct OnlineSoftmax {
   template <int kFirstRows, class Scores>
   CUTE_DEVICE void rescale_scores_other_rows(Scores& scores, float scale_log2) {
     exponentiate<kFirstRows, kRows>(scores, scale_log2);
+  }
+
+  // The fixed reference (soft-capped bf16 scores, above). start_fixed() before the first tile, then
+  // settle_scores() for a tile that needs a mask, floor_scores() for one that does not, in place of
+  // rescale_scores() (O is never rescaled); rescale_scores_other_rows() and finalize() as usual.
+  static constexpr float kFixedHeadroom = 64.f;
+  static constexpr float kFixedMaxScaleLog2 = 92.f;
+  CUTE_DEVICE void start_fixed(float scale_log2) {
+    static_assert(kMaxOffset == 0 && kRows <= 32);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      max_scaled_[r] = scale_log2 - kFixedHeadroom;
+      row_max[r] = max_scaled_[r] / scale_log2;
+    }
+    unsettled_ = (1u << kRows) - 1;
+  }
+  // A tile with a mask: the rows that see their first key here settle their reference (the max is
+  // computed only where a row of the warp is still unsettled: the warp's first tiles).
+  template <int kFirstRows = kRows, class Scores>
+  CUTE_DEVICE void settle_scores(Scores& scores, float scale_log2) {
+    using namespace cute;
+    if (__any_sync(0xffffffffu, unsettled_ != 0)) {
+      const float floor = scale_log2 - kFixedHeadroom;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        float tile_max = -INFINITY;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
+        tile_max = quad_allreduce(tile_max, MaxOp{});
+        if ((unsettled_ >> r & 1u) && tile_max != -INFINITY) {
+          const float scaled = tile_max * scale_log2;
+          max_scaled_[r] = scaled + fmaxf(0.f, ceilf(floor - scaled));
+          row_max[r] = max_scaled_[r] / scale_log2;
+          unsettled_ &= ~(1u << r);
+        }
+      }
+    }
+    exponentiate<0, kFirstRows>(scores, scale_log2);
+  }
+  // A tile without a mask: a row still unsettled keeps the floor.
+  template <int kFirstRows = kRows, class Scores>
+  CUTE_DEVICE void floor_scores(Scores& scores, float scale_log2) {
+    unsettled_ = 0;
+    exponentiate<0, kFirstRows>(scores, scale_log2);
   }
 
   // Rescales acc_o by the corrections of the last rescale_scores(). Rescaling O is a multiply per
@@ -174,6 +236,7 @@ struct OnlineSoftmax {
   float limit_[kRows];       // the reference max plus kRescaleThreshold / scale_log2 (-inf when empty)
   float correction_[kRows];  // exp2 of (old reference - new reference) · scale_log2, for O and the row sum
   bool max_moved_ = false;
+  unsigned unsettled_ = 0;   // the fixed reference: bit r while row r has seen no key
 
   // The new reference maxima (row_max); the row sums take their corrections at once, O in
   // rescale_output(). The test against limit_ (unscaled) runs beside the multiply by scale_log2,

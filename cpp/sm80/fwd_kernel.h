@@ -3,7 +3,8 @@
 // Algorithm. One CTA owns kBlockM query rows of one (batch, head). It walks the key tiles those
 // rows can see from the last to the first (only the last few can need a mask, so the masked steps
 // come first and the rest of the loop is mask-free), computes S = Q Kᵀ on the tensor cores, folds
-// S into the online softmax (running row max and sum, in registers), and accumulates O += P V with
+// S into the online softmax (running row max and sum, in registers; soft-capped bf16 up to D = 128:
+// a fixed reference, common/online_softmax.h), and accumulates O += P V with
 // P converted to fp16/bf16 in registers. After the last tile O is divided by the row sums and
 // written once; S and P never leave registers.
 //
@@ -277,8 +278,8 @@ __global__ void __launch_bounds__(Config::kThreads)
 
   OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
 
-  // One step on key tile n, held in buffer `stage`.
-  auto step = [&](int n, auto masked, auto stage) {
+  // One step on key tile n, held in buffer `stage`; `fixed`: the softmax holds a fixed reference.
+  auto step = [&](int n, auto masked, auto stage, auto fixed) __attribute__((always_inline)) {
     constexpr bool kMasked = decltype(masked)::value;
     Tensor acc_s = partition_fragment_C(mma, STile{});
     clear(acc_s);
@@ -329,7 +330,13 @@ __global__ void __launch_bounds__(Config::kThreads)
 
     auto scores = rowcol_view(acc_s);
     auto out_rows = rowcol_view(acc_o);
-    softmax.update(scores, out_rows, params.scale_log2);
+    if constexpr (!decltype(fixed)::value) {
+      softmax.update(scores, out_rows, params.scale_log2);
+    } else if constexpr (kMasked) {
+      softmax.settle_scores(scores, params.scale_log2);
+    } else {
+      softmax.floor_scores(scores, params.scale_log2);
+    }
 
     Tensor probs = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));
@@ -341,9 +348,22 @@ __global__ void __launch_bounds__(Config::kThreads)
   // a left bound hides the most keys from. The three runs of common/attention_mask.h.
   const int first_masked = mask.first_masked_tile(kDecode ? 0 : row_begin, kBlockN);
   const int left_masked = mask.left_masked_tiles(row_end, kBlockN);
-  for (; n >= max(first_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
-  for (; n >= max(left_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage); });
-  for (; n >= tile_begin; --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
+  auto walk = [&](auto fixed) __attribute__((always_inline)) {
+    for (; n >= max(first_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage, fixed); });
+    for (; n >= max(left_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage, fixed); });
+    for (; n >= tile_begin; --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage, fixed); });
+  };
+  // Soft-capped bf16 up to D = 128 with a cap up to 63.7: no running max (common/online_softmax.h).
+  if constexpr (kSoftcap && kHoldsFixedReference<Element, kHeadDim>) {
+    if (params.scale_log2 <= softmax.kFixedMaxScaleLog2) {
+      softmax.start_fixed(params.scale_log2);
+      walk(true_type{});
+    } else {
+      walk(false_type{});
+    }
+  } else {
+    walk(false_type{});
+  }
   // With one barrier a step, another warp may still be reading Q in the last step's S = Q Kᵀ.
   if constexpr (kStages >= 2) __syncthreads();
 

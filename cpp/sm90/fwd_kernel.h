@@ -126,9 +126,23 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
     // through the loop beside its bounds; docs/tried.md).
     int own_blocks = Mainloop::own_blocks(mask, seq.seqlen_q, w.m_block);
     if constexpr (kCausal) own_blocks = max(0, own_blocks - n_begin);
-    Mainloop::run(p, smem, q_stage, pipeline_k, pipeline_v, k_state, v_state, turns, tid, w,
-                  mask.shifted(n_begin * Config::kBlockN), n_blocks - n_begin, own_blocks, acc_o, softmax,
-                  params.pair, scale_log2);
+    auto mainloop = [&](auto fixed) __attribute__((always_inline)) {
+      Mainloop::template run<decltype(fixed)::value>(p, smem, q_stage, pipeline_k, pipeline_v, k_state, v_state,
+                                                     turns, tid, w, mask.shifted(n_begin * Config::kBlockN),
+                                                     n_blocks - n_begin, own_blocks, acc_o, softmax, params.pair,
+                                                     scale_log2);
+    };
+    // Soft-capped bf16 up to D = 128 with a cap up to 63.7: no running max (common/online_softmax.h).
+    if constexpr (kSoftcap && kHoldsFixedReference<typename Config::Element, Config::kHeadDim>) {
+      if (scale_log2 <= softmax.kFixedMaxScaleLog2) {
+        softmax.start_fixed(scale_log2);
+        mainloop(cute::true_type{});
+      } else {
+        mainloop(cute::false_type{});
+      }
+    } else {
+      mainloop(cute::false_type{});
+    }
     float row_lse[kRows], row_sinks[kRows];
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) row_sinks[r] = p.sinks != nullptr ? p.sinks[w.head] : -INFINITY;

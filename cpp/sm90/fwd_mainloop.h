@@ -4,7 +4,8 @@
 // to the first (the few that need a mask come first). For key tile n:
 //   S = Q K[n]ᵀ        wgmma, K from shared memory, Q from registers where they allow (else from
 //                      shared memory too: Config::kQInRegisters), fp32 accumulator in registers
-//   softmax(S)         online: running row max and sum (common/online_softmax.h), P in registers
+//   softmax(S)         online: running row max and sum (common/online_softmax.h; soft-capped bf16
+//                      up to D = 128: a fixed reference), P in registers
 //   O += P V[n]        wgmma with P from registers (converted to fp16/bf16 in place; FP8: to e4m3,
 //                      gathered across the quad into the operand's layout, fragments.h)
 // Overlap inside a warpgroup: step n issues S[n] = Q K[n]ᵀ and O += P[n+1] V[n+1] back to back and
@@ -68,7 +69,8 @@ struct ForwardMainloop {
   // from its rows' first visible tile where kSkipLeft; it takes its turn for the others and hands
   // their buffers back unread.
   // scale_log2: the tile's softmax scale (p.scale_log2; FP8: times the tile's q and k descales).
-  template <class Storage, class AccO, class Softmax>
+  // kFixed: the softmax holds a fixed reference (common/online_softmax.h; the caller started it).
+  template <bool kFixed = false, class Storage, class AccO, class Softmax>
   CUTE_DEVICE static void run(const ForwardParams& p, Storage& smem, int q_stage, KVPipeline& pipeline_k,
                               KVPipeline& pipeline_v, PipelineState& k_state, PipelineState& v_state,
                               WarpgroupTurns<Config::kMmaWarpgroups> const& turns, int mma_tid,
@@ -135,7 +137,13 @@ struct ForwardMainloop {
       } else if constexpr (decltype(masked)::value == kLeftMasked) {
         mask.template apply_rows</*kEnd=*/false, /*kBegin=*/true>(scores, rowcol_view(tScS), row0, n * kBlockN);
       }
-      softmax.template rescale_scores<kFirstRows>(scores, scale_log2);
+      if constexpr (!kFixed) {
+        softmax.template rescale_scores<kFirstRows>(scores, scale_log2);
+      } else if constexpr (decltype(masked)::value == kUnmasked) {
+        softmax.template floor_scores<kFirstRows>(scores, scale_log2);
+      } else {
+        softmax.template settle_scores<kFirstRows>(scores, scale_log2);
+      }
     };
     using AllRows = cute::Int<Softmax::kRowCount>;
     // K[n] is waited for before the turn: a warpgroup that holds the turn while its K tile is still
@@ -250,8 +258,10 @@ struct ForwardMainloop {
       }
       release(pipeline_v, smem.pipeline_v, v_state);
       convert_probs();
-      auto out_rows = rowcol_view(acc_o);
-      softmax.rescale_output(out_rows);
+      if constexpr (!kFixed) {
+        auto out_rows = rowcol_view(acc_o);
+        softmax.rescale_output(out_rows);
+      }
     };
     // The runs of common/attention_mask.h (where left_masked > first_masked, a narrow window, the
     // unmasked run is empty). The left run needs a mask with a position (kCausal) only.
