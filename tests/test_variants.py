@@ -140,6 +140,34 @@ def test_softcap_rows_that_see_no_key(device):
     check_variant(q, k, v, True, (-1, 0), softcap=30.0)
 
 
+@pytest.mark.parametrize("softcap", [5.0, 50.0, 63.0, 100.0])
+def test_softcap_rows_of_one_key(device, softcap):
+    # A row that sees one key gets its value exactly. bf16 up to a cap of 63.7 holds a fixed softmax
+    # reference (common/online_softmax.h), set where the row sees its first key so that the
+    # probability there is a power of two; the cap of 100 takes the running max. Causal: row 0 sees
+    # one key (in the last key tile of a tile on both families); window (0, 0): every row does (the
+    # forward alone: PyTorch's dq there is exactly 0, any other order of the sum dP - rowsum(dO O)
+    # a rounding away from it).
+    skip_unless_softcap_built(128, device)
+    q, k, v = random_qkv(1, 2, 2, 200, 200, 128, torch.bfloat16, device, magnitude=3.0)
+    check_variant(q, k, v, True, (-1, 0), softcap=softcap)
+    check_variant(q, k, v, False, (0, 0), softcap=softcap, grads=False)
+    assert torch.equal(fa.attention(q, k, v, window_size=(0, 0), softcap=softcap), v)
+
+
+@pytest.mark.parametrize("softcap", [20.0, 63.0])
+def test_softcap_rows_at_the_lower_cap(device, softcap):
+    # Every score far below -softcap: the capped scores all sit near -softcap, the farthest below a
+    # fixed reference a row can be (its probabilities near 2^-120 at a cap of 63.7).
+    skip_unless_softcap_built(128, device)
+    q, k, v = random_qkv(1, 2, 2, 150, 300, 128, torch.bfloat16, device)
+    direction = torch.randn(128, device=device)
+    q = (q + 3 * direction).to(torch.bfloat16)
+    k = (k - 3 * direction).to(torch.bfloat16)
+    check_variant(q, k, v, True, (-1, 0), softcap=softcap)
+    check_variant(q, k, v, False, (-1, -1), softcap=softcap)
+
+
 def pack(seqs):
     return torch.cat(seqs, dim=0), torch.tensor([0] + [int(t) for t in torch.tensor([s.size(0) for s in seqs]).cumsum(0)],
                                                 dtype=torch.int32)
