@@ -38,7 +38,7 @@ fp8: the FP8 forward (float8_e4m3fn q, k, v; the Hopper family, skipped elsewher
 built (FA_FP8_HEAD_DIMS) and below them (a zero-padded head dim): causal and not, descales and
 none, odd lengths with Sq != Sk, GQA, rows that see no key, a window with sinks, more query tiles
 than SMs, fp16 output, and varlen with empty sequences.
-variants: sliding windows with sinks (window_size, sinks), half of them soft-capped (softcap), on the
+variants: sliding windows with sinks (window_size, sinks), some of them soft-capped (softcap, bf16), on the
 dense forward and backward of each head dim and family (left bounds inside a key tile and over
 several, right bounds, windows that leave rows no key, soft-capping without bounds), varlen, and
 the KV cache with one split and several.
@@ -192,9 +192,11 @@ def variants():
                 continue
             for causal, window, softcap in ((True, (40, 0), 30.0), (False, (200, 9), 0.0), (False, (0, 0), 0.0),
                                             (True, (300, -1), 0.0), (False, (-1, -1), 30.0)):
-                q = torch.randn(b, 4, sq, d, device="cuda", dtype=torch.float16, requires_grad=True)
-                k = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=True)
-                v = torch.randn(b, 2, sk, d, device="cuda", dtype=torch.float16, requires_grad=True)
+                # bf16 where soft-capped: its forward's fixed softmax reference (common/online_softmax.h)
+                dtype = torch.bfloat16 if softcap else torch.float16
+                q = torch.randn(b, 4, sq, d, device="cuda", dtype=dtype, requires_grad=True)
+                k = torch.randn(b, 2, sk, d, device="cuda", dtype=dtype, requires_grad=True)
+                v = torch.randn(b, 2, sk, d, device="cuda", dtype=dtype, requires_grad=True)
                 sinks = torch.randn(4, device="cuda", requires_grad=True)
                 out = fa.attention(q, k, v, causal=causal, window_size=window, softcap=softcap, sinks=sinks)
                 out.backward(torch.randn_like(out))
