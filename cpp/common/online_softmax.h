@@ -170,6 +170,20 @@ struct OnlineSoftmax {
     exponentiate<0, kFirstRows>(scores, scale_log2);
   }
 
+  // For a soft-capping kernel whose element type and head dim hold the fixed reference
+  // (kHoldsFixedReference): walk(true_type) with it started where the cap allows (scale_log2 =
+  // softcap · log2 e up to kFixedMaxScaleLog2), else walk(false_type), the running max. The
+  // mainloop is instantiated for each, chosen once before it.
+  template <class Walk>
+  CUTE_DEVICE void walk_with_reference(float scale_log2, Walk&& walk) {
+    if (scale_log2 <= kFixedMaxScaleLog2) {
+      start_fixed(scale_log2);
+      walk(cute::true_type{});
+    } else {
+      walk(cute::false_type{});
+    }
+  }
+
   // Rescales acc_o by the corrections of the last rescale_scores(). Rescaling O is a multiply per
   // accumulator element. Where a row's reference max did not move its correction is exactly 1, so
   // the warp skips the multiplies when none of its rows moved: every tile but a row's first, unless

@@ -355,12 +355,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   };
   // Soft-capped bf16 up to D = 128 with a cap up to 63.7: no running max (common/online_softmax.h).
   if constexpr (kSoftcap && kHoldsFixedReference<Element, kHeadDim>) {
-    if (params.scale_log2 <= softmax.kFixedMaxScaleLog2) {
-      softmax.start_fixed(params.scale_log2);
-      walk(true_type{});
-    } else {
-      walk(false_type{});
-    }
+    softmax.walk_with_reference(params.scale_log2, walk);
   } else {
     walk(false_type{});
   }

@@ -134,12 +134,7 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
     };
     // Soft-capped bf16 up to D = 128 with a cap up to 63.7: no running max (common/online_softmax.h).
     if constexpr (kSoftcap && kHoldsFixedReference<typename Config::Element, Config::kHeadDim>) {
-      if (scale_log2 <= softmax.kFixedMaxScaleLog2) {
-        softmax.start_fixed(scale_log2);
-        mainloop(cute::true_type{});
-      } else {
-        mainloop(cute::false_type{});
-      }
+      softmax.walk_with_reference(scale_log2, mainloop);
     } else {
       mainloop(cute::false_type{});
     }
