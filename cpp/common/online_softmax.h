@@ -126,20 +126,11 @@ struct OnlineSoftmax {
     exponentiate<kFirstRows, kRows>(scores, scale_log2);
   }
 
-  // The fixed reference (soft-capped bf16 scores, above). start_fixed() before the first tile, then
+  // The fixed reference (soft-capped bf16 scores, above), started by walk_with_reference(): then
   // settle_scores() for a tile that needs a mask, floor_scores() for one that does not, in place of
   // rescale_scores() (O is never rescaled); rescale_scores_other_rows() and finalize() as usual.
   static constexpr float kFixedHeadroom = 64.f;
   static constexpr float kFixedMaxScaleLog2 = 92.f;
-  CUTE_DEVICE void start_fixed(float scale_log2) {
-    static_assert(kMaxOffset == 0 && kRows <= 32);
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      max_scaled_[r] = scale_log2 - kFixedHeadroom;
-      row_max[r] = max_scaled_[r] / scale_log2;
-    }
-    unsettled_ = (1u << kRows) - 1;
-  }
   // A tile with a mask: the rows that see their first key here settle their reference (the max is
   // computed only where a row of the warp is still unsettled: the warp's first tiles).
   template <int kFirstRows = kRows, class Scores>
@@ -149,10 +140,7 @@ struct OnlineSoftmax {
       const float floor = scale_log2 - kFixedHeadroom;
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
-        float tile_max = -INFINITY;
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
-        tile_max = quad_allreduce(tile_max, MaxOp{});
+        const float tile_max = row_max_of(scores, r, -INFINITY);
         if ((unsettled_ >> r & 1u) && tile_max != -INFINITY) {
           const float scaled = tile_max * scale_log2;
           max_scaled_[r] = scaled + fmaxf(0.f, ceilf(floor - scaled));
@@ -252,6 +240,25 @@ struct OnlineSoftmax {
   bool max_moved_ = false;
   unsigned unsettled_ = 0;   // the fixed reference: bit r while row r has seen no key
 
+  // Every row at the fixed reference's floor, unsettled.
+  CUTE_DEVICE void start_fixed(float scale_log2) {
+    static_assert(kMaxOffset == 0 && kRows <= 32);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      max_scaled_[r] = scale_log2 - kFixedHeadroom;
+      row_max[r] = max_scaled_[r] / scale_log2;
+    }
+    unsettled_ = (1u << kRows) - 1;
+  }
+
+  // The max of `start` and row r's scores in this tile, over the quad that holds the row.
+  template <class Scores>
+  CUTE_DEVICE static float row_max_of(const Scores& scores, int r, float start) {
+    CUTE_UNROLL
+    for (int c = 0; c < cute::size<1>(scores); ++c) start = fmaxf(start, scores(r, c));
+    return quad_allreduce(start, MaxOp{});
+  }
+
   // The new reference maxima (row_max); the row sums take their corrections at once, O in
   // rescale_output(). The test against limit_ (unscaled) runs beside the multiply by scale_log2,
   // so between a row's max and its exponentials there is one instruction more than with the exact
@@ -263,10 +270,7 @@ struct OnlineSoftmax {
     max_moved_ = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float tile_max = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
-      tile_max = quad_allreduce(tile_max, MaxOp{});
+      const float tile_max = row_max_of(scores, r, row_max[r]);
       // A row's first finite scores always move the reference (past a limit of -inf; the
       // correction exp2(-inf) = 0 falls on an all-zero acc_o); a row still all -inf (masked) never
       // does, and keeps max_scaled_ 0, so its probabilities are exp2(-inf) = 0.
