@@ -125,6 +125,11 @@ __device__ __forceinline__ void prepare_row_block(const BackwardParams& p, const
   } else {
     // With claims (common/dq_claims.h) the workspace is not zeroed: the claims of this block's rows are.
     for (int i = tid; i < kRows / kDqClaimRows; i += kThreads) p.dq_claims[workspace_first / kDqClaimRows + i] = kUnclaimed;
+    if (p.dq_claims_odd != nullptr) {  // the odd turns' counts (BackwardParams::dq_accum_odd)
+      for (int i = tid; i < kRows / kDqClaimRows; i += kThreads) {
+        p.dq_claims_odd[workspace_first / kDqClaimRows + i] = kUnclaimed;
+      }
+    }
   }
 }
 

@@ -21,7 +21,11 @@
 // tiles come to each in about that order. A key tile waits until the count says that every key tile
 // before it has added (dq_turn_wait), adds (the first stores: the workspace is not zeroed), waits
 // for its addition to complete, and passes the turn on (dq_turn_pass: a release that increments).
-// The sums are then the same at every run, whichever SMs run which tile when. No deadlock: a tile
+// The sums are then the same at every run, whichever SMs run which tile when. Where
+// BackwardParams::dq_accum_odd is set (fa/kernels.h, sm90_backward_odd_turns), the key tiles of odd
+// turns add into a second workspace, counted in their own ints, and the post-pass adds the two: two
+// orders, each key tile waiting for the one two turns before it, which a long tile passing its turns
+// late (sm90/bwd_load.h) reaches a step sooner than the one just before it. No deadlock: a tile
 // waits only for tiles that the schedulers start before it (the Hopper family's counter hands a
 // unit's key tiles out in the order of their turns, sm90/tile_scheduler.h; the Ampere family's grid
 // has n_block as its fastest index, and a GPU dispatches a grid's CTAs in order), so of the tiles

@@ -31,6 +31,8 @@ template <int kHeadDim>
 struct BackwardTile;
 template <> struct BackwardTile<64>  { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
 template <> struct BackwardTile<128> { static constexpr int kBlockM = 64,  kBlockN = 128, kStages = 2; };
+static_assert(BackwardTile<128>::kBlockM == 64 && kLateTurnSteps == 32,
+              "sm90_backward_odd_turns (fa/kernels.h) counts these steps");
 // D = 256: 80 keys a CTA, the warpgroups split the head dim, dQ is added from registers, one dO
 // buffer (bwd_config.h, bwd_mma_split.h).
 template <> struct BackwardTile<256> { static constexpr int kBlockM = 64,  kBlockN = 80,  kStages = 2; };
@@ -66,6 +68,10 @@ __global__ void __launch_bounds__(Config::kdQThreads)
   if (row_begin >= seq.seqlen_q) return;  // varlen: the grid covers the longest sequence
   const int64_t row = seq.workspace_row(p, batch, head) + row_begin;
   const float* tile = p.dq_accum + row * Config::kHeadDim;
+  // The odd turns' sum (BackwardParams::dq_accum_odd), where any key tile added to it.
+  const float* odd = p.dq_claims_odd != nullptr && p.dq_claims_odd[row / kDqClaimRows] != kUnclaimed
+                         ? p.dq_accum_odd + row * Config::kHeadDim
+                         : nullptr;
 
   typename Config::TiledMmadQ mma_dq;
   Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});
@@ -75,7 +81,11 @@ __global__ void __launch_bounds__(Config::kdQThreads)
   } else {
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dq); i += 4) {
-      const float4 v = *reinterpret_cast<const float4*>(tile + Config::dq_staging_offset(tid, i));
+      float4 v = *reinterpret_cast<const float4*>(tile + Config::dq_staging_offset(tid, i));
+      if (odd != nullptr) {
+        const float4 w = *reinterpret_cast<const float4*>(odd + Config::dq_staging_offset(tid, i));
+        v = make_float4(v.x + w.x, v.y + w.y, v.z + w.z, v.w + w.w);
+      }
       acc_dq(i) = v.x * p.scale;
       acc_dq(i + 1) = v.y * p.scale;
       acc_dq(i + 2) = v.z * p.scale;

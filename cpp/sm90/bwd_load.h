@@ -366,13 +366,20 @@ struct BackwardDqWriter {
         const float* staging = smem.dq.data() + Config::dq_staging_buffer(t);
         const int64_t row = steps.workspace_row(p, seq, tile.batch, step);
         float* dq_tile = p.dq_accum + row * Config::kHeadDim;
-        int* const claim = p.dq_claims != nullptr ? p.dq_claims + row / kDqClaimRows : nullptr;
+        int* claim = p.dq_claims != nullptr ? p.dq_claims + row / kDqClaimRows : nullptr;
         int state = kWritten;
         if (p.deterministic) {
           if (leader) {
             if (!pass_late) publish();  // the step before's turn, before waiting for this one
-            const int turn = backward_dq_turn<Config::kBlockM, Config::kBlockN>(
+            int turn = backward_dq_turn<Config::kBlockM, Config::kBlockN>(
                 mask, tile.n_block, step.m_block * Config::kBlockM, params.order.shortest_first);
+            if (p.dq_accum_odd != nullptr) {  // two orders: the even turns' and the odd turns'
+              if (turn % 2 != 0) {
+                dq_tile = p.dq_accum_odd + row * Config::kHeadDim;
+                claim = p.dq_claims_odd + row / kDqClaimRows;
+              }
+              turn /= 2;
+            }
             dq_turn_wait(claim, turn);
             fence_view_async_global();  // the bulk operations after the acquire
             state = turn == 0 ? kUnclaimed : kWritten;

@@ -837,9 +837,15 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   // aligned (the rows are padded to 128).
   const bool sm90 = kernels.family == Family::kSm90;
   const int64_t rows = packed ? s.heads_q * head_rows : s.batch * s.heads_q * rounded;
-  const int64_t dq_floats = rows * kernels.head_dim;
+  // Deterministic: the odd turns' sums and counts apart where fa/kernels.h says so
+  // (BackwardParams::dq_accum_odd; the pair kernels add dQ from registers).
+  const bool odd_turns = sm90 && deterministic && kernels.head_dim_v == 0 &&
+                         sm90_backward_odd_turns(kernels.head_dim, causal, s.seqlen_q, s.group_size());
+  const int64_t dq_part = rows * kernels.head_dim;
+  const int64_t dq_floats = odd_turns ? 2 * dq_part : dq_part;
   // Claims: the Hopper family's, and the turns of a deterministic call (either family).
-  const int64_t claims = sm90 || deterministic ? rows / kDqClaimRows : 0;
+  const int64_t claims_part = sm90 || deterministic ? rows / kDqClaimRows : 0;
+  const int64_t claims = odd_turns ? 2 * claims_part : claims_part;
   // Rectangular batches (Hopper): an int per (batch, kv head) unit, the row blocks the main kernel
   // has prepared of it (BackwardParams::unit_ready; its launcher decides whether it prepares any).
   const int64_t units = sm90 && !packed ? int64_t(s.batch) * s.heads_kv : 0;
@@ -866,6 +872,8 @@ void run_backward_kernels(BackwardParams& p, const BackwardInputs& in, const Gra
   // as the turns of a deterministic call.
   float* const claims_base = base + dq_floats + (sm90 ? 2 * rows + 128 : rows);
   p.dq_claims = claims > 0 ? reinterpret_cast<int*>(claims_base) : nullptr;
+  p.dq_accum_odd = odd_turns ? base + dq_part : nullptr;
+  p.dq_claims_odd = odd_turns ? p.dq_claims + claims_part : nullptr;
   p.unit_ready = units > 0 ? reinterpret_cast<int*>(claims_base + claims) : nullptr;
   p.deterministic = deterministic;
   p.seqlen_q_rounded = static_cast<int>(rounded);

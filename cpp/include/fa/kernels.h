@@ -21,6 +21,17 @@ inline constexpr int kBackwardRowPadding = 128;
 inline constexpr int kDqClaimRows = 64;
 static_assert(kBackwardRowPadding % kDqClaimRows == 0);
 
+// Deterministic backward calls of the Hopper family at head dim 128 without a mask whose key tiles
+// walk more than 32 query tiles (of 64 rows, for each query head of the kv head: the tiles that
+// pass their turns late, sm90/bwd_load.h kLateTurnSteps) add their odd turns' dQ partials into a
+// second workspace (BackwardParams::dq_accum_odd), so that a key tile waits for the one two turns
+// before it. Measured (H100, bf16, 2026-12-06): (2, 16, 16384, 128) 549-560 -> 567-588 TFLOP/s,
+// (4, 64, 8192, 128) 551-555 -> 565-569; causal calls 7-19% slower, non-causal ones of 16 query
+// tiles 6.5% slower (docs/tried.md).
+constexpr bool sm90_backward_odd_turns(int head_dim, bool causal, long long seqlen_q, long long group) {
+  return head_dim == 128 && !causal && (seqlen_q + 63) / 64 * group > 32;
+}
+
 // Query rows of the Ampere family's KV-cache (decode) tile: a CTA serves one kv head, its rows the
 // group's query heads × positions (sm80/fwd_launch.h DecodeTile). The binding sizes split-KV by it.
 inline constexpr int kDecodeBlockM = 64;

@@ -140,6 +140,12 @@ struct BackwardParams : ForwardParams {
   // order, the key tiles' (common/dq_claims.h, "turns"), counted in dq_claims. dK and dV are
   // deterministic in every mode (each key tile's CTA sums its group's query heads in registers).
   bool deterministic = false;
+  // Deterministic, where the binding gives the odd turns their own sums (else null; the Hopper
+  // family's dQ writer: sm90_backward_odd_turns in fa/kernels.h): the key tiles of odd turns add
+  // into dq_accum_odd, counted in dq_claims_odd (laid out as dq_accum and dq_claims), those of even
+  // turns into dq_accum (common/dq_claims.h); the post-pass adds the two.
+  float* dq_accum_odd = nullptr;
+  int* dq_claims_odd = nullptr;
   float* delta = nullptr;      // rowsum(dO ∘ O)
   // Hopper family only (else null): lse · log2(e) with +inf for a row that sees no key or lies
   // past seqlen_q, so that exp2(s · scale_log2 - lse_log2) is P (0 there).
