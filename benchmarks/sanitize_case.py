@@ -44,8 +44,10 @@ several, right bounds, windows that leave rows no key, soft-capping without boun
 the KV cache with one split and several.
 deterministic: backwards with deterministic=True (their key tiles wait for their turns to add to
 dQ: synccheck matters), at each head dim and family: GQA causal with many key tiles a query tile,
-odd lengths with Sq != Sk, a window with soft-capping, a causal call of 16 key tiles an SM and more
-(the Hopper backward's key tiles then add from the last down), and varlen with empty sequences.
+odd lengths with Sq != Sk, a window with soft-capping, a non-causal call at D = 128 whose key tiles
+walk more than 32 query tiles (the Hopper backward's two orders, fa/kernels.h), a causal call of 16
+key tiles an SM and more (the Hopper backward's key tiles then add from the last down), and varlen
+with empty sequences.
 headdimv: v's head dim below q's and k's on the Hopper pair kernels (FA_HEAD_DIM_PAIRS; skipped
 where none is built or the GPU is not sm90a), bf16: 192/128 and 160/96 (on 192/128), forward and
 (where the build has the pair's backward) backward, causal and not, odd lengths with Sq != Sk, GQA,
@@ -230,6 +232,7 @@ def deterministic():
         for (b, hq, hk, sq, sk, d, causal, window, softcap) in (
                 (1, 8, 1, 700, 700, 64, True, (-1, -1), 0.0), (2, 4, 2, 333, 1290, 64, False, (-1, -1), 0.0),
                 (1, 8, 2, 900, 900, 128, True, (-1, -1), 0.0), (1, 4, 4, 410, 1500, 128, False, (200, 100), 30.0),
+                (1, 4, 2, 1100, 600, 128, False, (-1, -1), 0.0),  # 18 query tiles x 2 heads a key tile: two orders
                 (1, 4, 2, 500, 500, 256, True, (-1, -1), 0.0), (1, 4, 4, 300, 700, 256, False, (-1, -1), 0.0),
                 *((many, 4, 2, 130, 130, d, True, (-1, -1), 0.0) for d in (64, 128, 256))):
             if head_dims is not None and d not in head_dims:
