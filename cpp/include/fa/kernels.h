@@ -21,15 +21,16 @@ inline constexpr int kBackwardRowPadding = 128;
 inline constexpr int kDqClaimRows = 64;
 static_assert(kBackwardRowPadding % kDqClaimRows == 0);
 
-// Deterministic backward calls of the Hopper family at head dim 128 without a mask whose key tiles
-// walk more than 32 query tiles (of 64 rows, for each query head of the kv head: the tiles that
+// Deterministic backward calls of the Hopper family at head dim 128 on the kernels without a mask
+// (causal_kernels false: no causal mask, window or soft-capping; Variant::causal_kernels) whose key
+// tiles walk more than 32 query tiles (of 64 rows, for each query head of the kv head: the tiles that
 // pass their turns late, sm90/bwd_load.h kLateTurnSteps) add their odd turns' dQ partials into a
 // second workspace (BackwardParams::dq_accum_odd), so that a key tile waits for the one two turns
 // before it. Measured (H100, bf16, 2026-12-06): (2, 16, 16384, 128) 549-560 -> 567-588 TFLOP/s,
 // (4, 64, 8192, 128) 551-555 -> 565-569; causal calls 7-19% slower, non-causal ones of 16 query
 // tiles 6.5% slower (docs/tried.md).
-constexpr bool sm90_backward_odd_turns(int head_dim, bool causal, long long seqlen_q, long long group) {
-  return head_dim == 128 && !causal && (seqlen_q + 63) / 64 * group > 32;
+constexpr bool sm90_backward_odd_turns(int head_dim, bool causal_kernels, long long seqlen_q, long long group) {
+  return head_dim == 128 && !causal_kernels && (seqlen_q + 63) / 64 * group > 32;
 }
 
 // Query rows of the Ampere family's KV-cache (decode) tile: a CTA serves one kv head, its rows the
