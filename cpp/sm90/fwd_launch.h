@@ -296,21 +296,25 @@ struct ForwardTileDv {
       (kBlockM * kHeadDim + kStages * 128 * (kHeadDim + kHeadDimV)) * int(sizeof(Element)) + 1024 <= kMaxSmemBytes ? 128 : 80;
 };
 
-// The FP8 forward's tile: 128 × 192 with two stages (two consumer warpgroups), causal or not.
-// Measured on the H200 at D = 128 (docs/tried.md): 0.2–4.9% faster than 128 × 128 on the six rows
-// of the FP8 suite, and than FlashAttention-3's 128 × 224 on five (224: 2% faster on one);
-// 128 × 256 spills.
+// The FP8 forward's tiles. Dv = 128 with D = 128 or a pair up to 192/128 (DeepSeek's): 192 × 96 with
+// two stages (three consumer warpgroups), causal or not: a step receives a third fewer K and V bytes
+// per FLOP than on 128 × 192 (as the 16-bit causal tile above). Measured on the H100 (docs/tried.md):
+// 2.5–5.7% faster than 128 × 192 on the six D = 128 rows of the FP8 suite and 3.7 / 4.7% at 192/128;
+// three stages level or slower; 192 × 128 spills. Other head dims (64; pairs not measured): 128 × 192
+// with two stages (two consumer warpgroups), on the H200 0.2–4.9% faster than 128 × 128 at D = 128
+// and than FlashAttention-3's 128 × 224 on five rows of six (224: 2% faster on one); 128 × 256 spills.
+template <int kHeadDim, int kHeadDimV>
 struct Fp8ForwardTile {
-  static constexpr int kBlockM = 128, kBlockN = 192, kStages = 2;
+  static constexpr bool kThreeWarpgroups = kHeadDimV == 128 && kHeadDim <= 192;
+  static constexpr int kBlockM = kThreeWarpgroups ? 192 : 128, kBlockN = kThreeWarpgroups ? 96 : 192, kStages = 2;
 };
 
-// kHeadDimV below kHeadDim (FA_FP8_HEAD_DIM_PAIRS, 192/128): the same tile; at 192/128 Q, two K/V
-// stages and the output take 176 KB.
+// kHeadDimV below kHeadDim: FA_FP8_HEAD_DIM_PAIRS (192/128 by default).
 template <int kHeadDim, bool kCausal, int kHeadDimV>
 cudaError_t run_forward_fp8(const ForwardParams& params, cudaStream_t stream) {
   cudaError_t err = transpose_v_fp8<kHeadDimV>(params, stream);
   if (err != cudaSuccess) return err;
-  using Tile = Fp8ForwardTile;
+  using Tile = Fp8ForwardTile<kHeadDim, kHeadDimV>;
   using Config = ForwardConfig<cutlass::float_e4m3_t, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kStages, kHeadDimV>;
   return launch_forward<Config, kCausal, false>(params, stream);
 }
