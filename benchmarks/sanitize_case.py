@@ -37,7 +37,8 @@ GPU with 99 KB would run 16 rows on it; 192/128 (v's head dim apart) on the D = 
 fp8: the FP8 forward (float8_e4m3fn q, k, v; the Hopper family, skipped elsewhere), at the head dims
 built (FA_FP8_HEAD_DIMS) and below them (a zero-padded head dim): causal and not, descales and
 none, odd lengths with Sq != Sk, GQA, rows that see no key, a window with sinks, more query tiles
-than SMs, fp16 output, and varlen with empty sequences.
+than SMs, fp16 output, the pairs built (FA_FP8_HEAD_DIM_PAIRS, 192/128), and varlen with empty
+sequences.
 variants: sliding windows with sinks (window_size, sinks), some of them soft-capped (softcap, bf16), on the
 dense forward and backward of each head dim and family (left bounds inside a key tile and over
 several, right bounds, windows that leave rows no key, soft-capping without bounds), varlen, and
@@ -267,6 +268,12 @@ def fp8():
                 fa.attention(q, k, v, causal=causal, window_size=window, sinks=sinks, q_descale=descales[0],
                              k_descale=descales[1], v_descale=descales[2])
             fa.attention(q, k, v, causal=True, out_dtype=torch.float16)
+    for pair in fa.build_info()["fp8_head_dim_pairs"]:  # v's head dim below q's and k's (192/128)
+        d, dv = (int(x) for x in pair.split("/"))
+        for (b, hq, hk, sq, sk) in ((1, 4, 2, 77, 133), (4, 32, 8, 700, 1100)):
+            q, k, v = rand8(b, hq, sq, d), rand8(b, hk, sk, d), rand8(b, hk, sk, dv)
+            for causal in (False, True):
+                fa.attention(q, k, v, causal=causal, v_descale=torch.rand(b, hk, device="cuda") + 0.5)
     lengths_q, lengths_k = [0, 77, 1, 130, 200, 3], [61, 0, 133, 130, 5, 300]
     cu_q = torch.tensor([0] + lengths_q, device="cuda").cumsum(0).int()
     cu_k = torch.tensor([0] + lengths_k, device="cuda").cumsum(0).int()
