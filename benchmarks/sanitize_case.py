@@ -3,7 +3,8 @@
 parts named (all without arguments; `forward` is dense's forward calls alone, for a change that
 touches only the forward kernels; --dims keeps dense's cases of those head dims; --family=sm90 runs
 dense's and varlen's cases on that kernel family alone, e.g. for racecheck, whose pass over every
-case takes minutes).
+case takes minutes). A family without soft-capping kernels for a head dim (FA_SOFTCAP_HEAD_DIMS)
+leaves out its soft-capped calls.
 
 dense: the kernels of every head dim fa instantiates (32, 64, 96, 128, 256), forward and backward,
 causal and not, with sequence tails, key-tile counts odd and even (the D = 128 Ampere forward's two
@@ -78,6 +79,13 @@ if family_args:
     if family_args[0] not in families:
         sys.exit(f"--family={family_args[0]}: this device runs {families}")
     families = family_args
+
+
+def softcap_built(family, d):
+    """Whether the build has soft-capping kernels for head dim d in `family` (a head dim runs on the next
+    one, FA_SOFTCAP_HEAD_DIMS): the soft-capped calls of a family without them are left out, as they
+    would stop the case with a clear error."""
+    return any(built >= d for built in fa.build_info()["softcap_head_dims"].get(family, []))
 
 
 def dense(backward=True):
@@ -195,6 +203,8 @@ def variants():
                 continue
             for causal, window, softcap in ((True, (40, 0), 30.0), (False, (200, 9), 0.0), (False, (0, 0), 0.0),
                                             (True, (300, -1), 0.0), (False, (-1, -1), 30.0)):
+                if softcap and not softcap_built(family, d):
+                    continue
                 # bf16 where soft-capped: its forward's fixed softmax reference (common/online_softmax.h)
                 dtype = torch.bfloat16 if softcap else torch.float16
                 q = torch.randn(b, 4, sq, d, device="cuda", dtype=dtype, requires_grad=True)
@@ -210,8 +220,9 @@ def variants():
         k = torch.randn(sum(lengths_k), 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
         v = torch.randn(sum(lengths_k), 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
         sinks = torch.randn(4, device="cuda", requires_grad=True)
+        softcap = 20.0 if softcap_built(family, 64) else 0.0
         out = fa.attention_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=True,
-                                  window_size=(50, 0), softcap=20.0, sinks=sinks)
+                                  window_size=(50, 0), softcap=softcap, sinks=sinks)
         out.backward(torch.randn_like(out))
         print(f"sanitize case done: variants, {family}")
     used = torch.tensor([0, 1, 77, 300, 513], dtype=torch.int32, device="cuda")
@@ -236,7 +247,7 @@ def deterministic():
                 (1, 4, 2, 1100, 600, 128, False, (-1, -1), 0.0),  # 18 query tiles x 2 heads a key tile: two orders
                 (1, 4, 2, 500, 500, 256, True, (-1, -1), 0.0), (1, 4, 4, 300, 700, 256, False, (-1, -1), 0.0),
                 *((many, 4, 2, 130, 130, d, True, (-1, -1), 0.0) for d in (64, 128, 256))):
-            if head_dims is not None and d not in head_dims:
+            if (head_dims is not None and d not in head_dims) or (softcap and not softcap_built(family, d)):
                 continue
             q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             k = torch.randn(b, hk, sk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
