@@ -14,7 +14,9 @@ from host_checks import MISSING, MISSING_REASON, run_host_check
 @pytest.mark.skipif(MISSING, reason=MISSING_REASON)
 def test_fp8_key_order(tmp_path):
     run = run_host_check("fp8_key_order", tmp_path)
-    assert "D 128, tile 128 x 192: 256 threads; fp8_v_key_of_slot: 0 mismatched" in run.stdout
-    assert "D 192/128, tile 128 x 192: 256 threads; fp8_v_key_of_slot: 0 mismatched" in run.stdout
+    assert "D 128, tile 192 x 96: 384 threads; fp8_v_key_of_slot: 0 mismatched" in run.stdout
+    assert "D 192/128, tile 192 x 96: 384 threads; fp8_v_key_of_slot: 0 mismatched" in run.stdout
+    assert "D 64, tile 128 x 192: 256 threads; fp8_v_key_of_slot: 0 mismatched" in run.stdout
+    assert "keys in their own order (control): 384" in run.stdout
     assert "keys in their own order (control): 256" in run.stdout
     assert run.returncode == 0 and run.stdout.strip().endswith("ok")

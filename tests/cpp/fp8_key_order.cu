@@ -3,9 +3,9 @@
 // fp8_v_key_of_slot), so that fp8_probs_as_a_operand (sm90/fragments.h) builds each thread's part
 // of P from its own accumulator. That holds when, for every thread and row, the keys its slots of
 // P's A operand (O += P V) stand for are the key columns its S = Q Kᵀ accumulator holds. Checked
-// for every thread of both consumer warpgroups of each FP8 tile; and, as a control that must fail,
-// for keys in their own order (the slot is the key). Exits 1 on a mismatch. Built and run by
-// tests/test_fp8_key_order.py.
+// for every thread of the consumer warpgroups of each FP8 tile (192 × 96 at D = 128 and 192/128,
+// 128 × 192 at D = 64); and, as a control that must fail, for keys in their own order (the slot
+// is the key). Exits 1 on a mismatch. Built and run by tests/test_fp8_key_order.py.
 #include <cstdio>
 #include <map>
 #include <set>
@@ -44,7 +44,7 @@ int mismatched_threads(KeyOf key_of) {
 
 template <int kHeadDim, int kHeadDimV>
 int check(const char* name) {
-  using Tile = fa::sm90::Fp8ForwardTile;
+  using Tile = fa::sm90::Fp8ForwardTile<kHeadDim, kHeadDimV>;
   using Config = fa::sm90::ForwardConfig<cutlass::float_e4m3_t, kHeadDim, Tile::kBlockM, Tile::kBlockN, Tile::kStages,
                                          kHeadDimV>;
   const int threads = int(size(typename Config::TiledMmaS{}));
@@ -53,13 +53,13 @@ int check(const char* name) {
   std::printf("%s, tile %d x %d: %d threads; fp8_v_key_of_slot: %d mismatched; "
               "keys in their own order (control): %d\n",
               name, Config::kBlockM, Config::kBlockN, threads, permuted, plain);
-  return permuted == 0 && plain == threads && threads == 256 ? 0 : 1;
+  return permuted == 0 && plain == threads && threads == Config::kMmaThreads ? 0 : 1;
 }
 
 }  // namespace
 
 int main() {
-  int failures = check<128, 128>("D 128") + check<192, 128>("D 192/128");
+  int failures = check<128, 128>("D 128") + check<192, 128>("D 192/128") + check<64, 64>("D 64");
   std::printf(failures == 0 ? "ok\n" : "FAILED\n");
   return failures == 0 ? 0 : 1;
 }
