@@ -10,12 +10,32 @@
 // kernels this way (pre-pass, main kernel, dQ conversion: sm90/bwd_launch.h); the first of them is
 // launched plainly, so nothing of the caller's runs alongside it and the call's inputs are
 // complete before any of the three starts: the main kernel loads its first K, V and Q before its
-// wait (sm90/bwd_load.h).
+// wait (sm90/bwd_load.h). Split-KV's combine pass follows the KV-cache kernels the same way
+// (common/split_kv.h), waiting before anything else.
 #pragma once
+
+#include <atomic>
 
 #include <cuda_runtime.h>  // cudaLaunchKernelEx
 
 namespace fa {
+
+// Whether the current device runs dependent launches (sm90 and later), asked of the runtime once
+// per device (a KV-cache call runs at every decoded token).
+inline bool dependent_launch_supported() {
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices] = {};  // 0: not asked yet; 1: no; 2: yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  int state = device < kDevices ? known[device].load(std::memory_order_relaxed) : 0;
+  if (state == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+    state = major >= 9 ? 2 : 1;
+    if (device < kDevices) known[device].store(state, std::memory_order_relaxed);
+  }
+  return state == 2;
+}
 
 // Block until the grid this one depends on has completed, its memory operations visible. Returns
 // at once in a kernel launched without the attribute (or below sm90).

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/grid_dependency.h"
 #include "common/sequence.h"
 #include "fa/params.h"
 
@@ -30,8 +31,11 @@ __host__ __device__ constexpr int combine_weight_count(int num_splits) {
 // memory (combine_weight_count floats, dynamic), then each thread sums its column over the splits with the
 // loads unrolled, so they are in flight together rather than one after another (a lane-per-split
 // loop with exp and load in series took 12 µs for 16 splits and 28 µs for 33 on the H100).
+// On sm90 and later it is a dependent launch (grid_dependency.h): its CTAs are scheduled while the
+// split kernel's last CTAs run, and wait for that kernel's results before reading anything.
 template <class Element>
 __global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const __grid_constant__ ForwardParams p) {
+  wait_for_prior_grid();
   extern __shared__ float weights[];  // [combine_weight_count(num_splits)]
   const int row = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int64_t split_stride = int64_t(p.batch) * p.heads_q * p.seqlen_q;  // rows per split
@@ -75,6 +79,9 @@ template <class Element>
 cudaError_t launch_combine_splits(const ForwardParams& p, cudaStream_t stream) {
   const dim3 grid(p.seqlen_q, p.heads_q, p.batch);
   const size_t smem = combine_weight_count(p.num_splits) * sizeof(float);
+  if (dependent_launch_supported()) {
+    return launch_after_prior_grid(&combine_splits_kernel<Element>, grid, dim3(kCombineThreads), smem, stream, p);
+  }
   combine_splits_kernel<Element><<<grid, kCombineThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -49,6 +49,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/attention_mask.h"
+#include "common/grid_dependency.h"
 #include "common/online_softmax.h"
 #include "common/sequence.h"
 #include "common/softcap.h"
@@ -104,6 +105,9 @@ __global__ void __launch_bounds__(Config::kThreads)
   using STile = Shape<Int<kRows>, Int<kWarpKeys>>;
 
   extern __shared__ __align__(128) char smem[];
+  // Split-KV's combine pass (a dependent launch: grid_dependency.h) may be scheduled as soon as
+  // every CTA of this grid is: it waits for this grid's results anyway.
+  allow_dependent_grid();
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int batch = blockIdx.z / params.num_splits;

@@ -38,6 +38,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/attention_mask.h"
+#include "common/grid_dependency.h"
 #include "common/online_softmax.h"
 #include "common/sequence.h"
 #include "common/softcap.h"
@@ -69,6 +70,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   using STile = Shape<Int<kBlockM>, Int<kBlockN>>;
 
   extern __shared__ __align__(128) char smem[];
+  if constexpr (kDecode) allow_dependent_grid();  // split-KV's combine pass (common/split_kv.h)
   const int tid = threadIdx.x;
   // Causal tiles late in the sequence see the most keys: launch them first so they don't finish last.
   const int m_block = gridDim.x - 1 - blockIdx.x;
