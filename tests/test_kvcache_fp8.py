@@ -68,9 +68,10 @@ def check(q, k8, v8, seqlens, pages, kd, vd, ref_k, ref_v, causal=True, window=(
 USED = [0, 1, 150, 300, 77]
 
 
-# Packed rows a kv head (group · Sq) of 4, 16 (the decode kernel's 16-row tile) and 8, 32 (its
-# 32-row tile): the two FP8 tiles.
-@pytest.mark.parametrize("hq, sq", [(8, 1), (8, 4), (16, 1), (16, 4)], ids=["rows4", "rows16", "rows8", "rows32"])
+# Packed rows a kv head (group · Sq) of 1, 4 and 8 (the decode kernel's 8-row FP8 tile, keys on the
+# mma's M side), 16 and 32 (its 16- and 32-row tiles): the three FP8 tiles.
+@pytest.mark.parametrize("hq, sq", [(2, 1), (8, 1), (16, 1), (8, 4), (16, 4)],
+                         ids=["rows1", "rows4", "rows8", "rows16", "rows32"])
 @pytest.mark.parametrize("page_size", [None, 16], ids=["contiguous", "paged16"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("descale", [False, True], ids=["nodescale", "descale"])
@@ -85,9 +86,9 @@ def test_cpu_float32_queries():
 
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 256])  # 32 and 96 run on the 64 and 128 kernels
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_head_dims(device, head_dim, dtype):
-    hq = 8 if head_dim == 256 else 16  # 16 rows at most at D = 256
-    check(*make_fp8_cache([40, 200, 333], hq, 2, 2, head_dim, dtype, device, page_size=16), num_splits=2)
+@pytest.mark.parametrize("rows", [8, 16])  # the 8- and 16-row tiles (16 rows at most at D = 256)
+def test_head_dims(device, head_dim, dtype, rows):
+    check(*make_fp8_cache([40, 200, 333], rows, 2, 2, head_dim, dtype, device, page_size=16), num_splits=2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -97,25 +98,27 @@ def test_large_magnitudes_and_descales(device, dtype):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_bf16_queries_beyond_fp16_range(device, head_dim):
+@pytest.mark.parametrize("hq", [4, 16])  # the 8-row tile, and 32 rows (16 at D = 256)
+def test_bf16_queries_beyond_fp16_range(device, head_dim, hq):
     # The CUDA kernels take a bf16 query into fp16 once, each row scaled by a power of two (fp8_kv.h):
     # rows above fp16's largest value (unscaled they would be inf), far below its normals, a zero
     # row, and rows whose columns span six orders of magnitude all keep their scores. (Scores far
     # beyond 10^6 are out of reach of every fa kernel: the exponent's FFMA against the rounded
     # max loses the probabilities' scale there.)
-    hq = 8 if head_dim == 256 else 16
+    hq = 8 if head_dim == 256 and hq == 16 else hq
     q, *rest = make_fp8_cache([300, 77], hq, 2, 2, head_dim, torch.bfloat16, device, page_size=16)
-    row_scale = torch.tensor([3e5, 1e-6, 0.0, 1.0, 1e5, 7e-3, 1e4, 2.0], device=q.device).repeat(hq // 8)
+    row_scale = torch.tensor([3e5, 1e-6, 0.0, 1.0, 1e5, 7e-3, 1e4, 2.0], device=q.device).repeat(2)[:hq]
     q = (q.float() * row_scale.view(1, hq, 1, 1)).to(torch.bfloat16)
     q[:, 3::4, :, : head_dim // 4] *= 2.0**16  # a quarter of the columns 2^16 above the rest
     check(q, *rest)
 
 
 @pytest.mark.parametrize("page_size", [None, 16])
-def test_variants(device, page_size):
-    # Windows, soft-capping and sinks over the FP8 kernel (all read at run time), rows that see no
+@pytest.mark.parametrize("sq", [2, 3], ids=["rows8", "rows12"])
+def test_variants(device, page_size, sq):
+    # Windows, soft-capping and sinks over the FP8 kernels (all read at run time), rows that see no
     # key (the empty entry, and a window past the cache's start) included.
-    args = make_fp8_cache(USED, 8, 2, 3, 64, torch.bfloat16, device, page_size=page_size)
+    args = make_fp8_cache(USED, 8, 2, sq, 64, torch.bfloat16, device, page_size=page_size)
     sinks = torch.randn(8, device=device)
     check(*args, window=(40, 0))
     check(*args, causal=False, window=(20, 5), num_splits=3)
@@ -152,14 +155,17 @@ def test_cache_as_a_view_of_a_packed_buffer(device):
 
 
 def test_gpu_with_99_kb_of_shared_memory(monkeypatch):
-    # RTX 40 (sm89) lets a CTA have 99 KB: the 16-row FP8 tile (100 KB at D = 128) does not fit,
-    # and the 32-row one (72 KB) serves up to 16 rows too; at D = 256 no FP8 tile fits: a clear error.
+    # RTX 40 (sm89) lets a CTA have 99 KB: the 8-row FP8 tile (67 KB at D = 128, 68 KB at 256) fits;
+    # the 16-row one (100 KB at D = 128) does not, and the 32-row one (72 KB) serves 9-16 rows too; at
+    # D = 256 more than 8 rows have no FP8 tile that fits: a clear error.
     if not cuda_families():  # (the KV cache runs on the Ampere family's kernels in every build)
         pytest.skip("needs a CUDA GPU and fa's CUDA kernels")
     monkeypatch.setenv("FA_MAX_SHARED_MEMORY", str(99 * 1024))
     check(*make_fp8_cache([300, 77], 8, 2, 1, 128, torch.float16, "cuda", page_size=16))
+    check(*make_fp8_cache([300, 77], 8, 2, 3, 128, torch.float16, "cuda", page_size=16))
     if any(d >= 256 for d in fa.build_info()["fp8_kv_cache_head_dims"]):
-        q, k8, v8, seqlens, pages, *_ = make_fp8_cache([30], 8, 2, 1, 256, torch.float16, "cuda", page_size=16)
+        check(*make_fp8_cache([300, 77], 8, 2, 1, 256, torch.float16, "cuda", page_size=16))
+        q, k8, v8, seqlens, pages, *_ = make_fp8_cache([30], 8, 2, 3, 256, torch.float16, "cuda", page_size=16)
         with pytest.raises(RuntimeError, match="no float8_e4m3fn KV-cache tile at head dim 256 fits"):
             fa.attention_kvcache(q, k8, v8, seqlens, pages)
 

@@ -30,9 +30,11 @@
 // scale_log2 <= kFixedMaxScaleLog2 (softcap up to 63.7); larger caps take the running max.
 //
 // Scores and accumulators come as "row-column" views: mode 0 runs over the rows this thread holds
-// values of, mode 1 over its values in a row. The values of one row are spread over the
-// kThreadsPerRow lanes of a quad (mma.sync's and wgmma's accumulator layouts alike), so
-// row reductions finish with shuffles within the quad.
+// values of, mode 1 over its values in a row. The values of one row are spread over the lanes
+// whose indices differ only in the bits of kRowLanes: the 4 lanes of a quad (0b00011, mma.sync's
+// and wgmma's accumulator layouts alike), or the 8 lanes t, t + 4, ..., t + 28 (0b11100) where
+// the rows are an mma's N side (the FP8 decode tile with the keys on M, decode_kernel.h), so row
+// reductions finish with shuffles among those lanes.
 #pragma once
 
 #include <cmath>
@@ -42,11 +44,14 @@
 
 namespace fa {
 
-// Reduces over the 4 lanes of a quad (lanes 4i .. 4i+3), which share the rows of an accumulator.
-template <class Op>
-CUTE_DEVICE float quad_allreduce(float x, Op op) {
-  x = op(x, __shfl_xor_sync(0xffffffffu, x, 2));
-  x = op(x, __shfl_xor_sync(0xffffffffu, x, 1));
+// Reduces over the lanes whose indices differ only in the bits of kLanes (0b00011: the 4 lanes of
+// a quad, 4i .. 4i+3, which share the rows of an accumulator).
+template <unsigned kLanes = 0b00011u, class Op>
+CUTE_DEVICE float lanes_allreduce(float x, Op op) {
+  CUTE_UNROLL
+  for (int bit = 4; bit >= 0; --bit) {
+    if (kLanes >> bit & 1u) x = op(x, __shfl_xor_sync(0xffffffffu, x, 1 << bit));
+  }
   return x;
 }
 
@@ -77,11 +82,11 @@ inline constexpr bool kHoldsFixedReference = std::is_same_v<Element, cute::bfloa
 // scores pass it by 0.8 in exp2's units, which keeps every probability below 2^8.8 = 445.7 (e4m3's
 // largest is 448; with unit-variance scores about half the tiles' rescales of the exact running
 // max). The row sums and O carry the factor 2^kMaxOffset, which finalize() takes out.
-template <int kRows, int kMaxOffset = 0>
+template <int kRows, int kMaxOffset = 0, unsigned kRowLanes = 0b00011u>
 struct OnlineSoftmax {
   static constexpr int kRowCount = kRows;
   float row_max[kRows];
-  float row_sum[kRows];  // this thread's share of the row's sum; the quad's shares add up at the end
+  float row_sum[kRows];  // this thread's share of the row's sum; the row's lanes' shares add up at the end
 
   CUTE_DEVICE OnlineSoftmax() {
     CUTE_UNROLL
@@ -215,7 +220,7 @@ struct OnlineSoftmax {
     using namespace cute;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float sum = quad_allreduce(row_sum[r], SumOp{}) * kUnscale;
+      float sum = lanes_allreduce<kRowLanes>(row_sum[r], SumOp{}) * kUnscale;
       float max_scaled = sum > 0.f ? row_max[r] * scale : -INFINITY;  // natural-log units
       float out_factor = 1.f;
       if (sinks[r] != -INFINITY) {
@@ -251,12 +256,12 @@ struct OnlineSoftmax {
     unsettled_ = (1u << kRows) - 1;
   }
 
-  // The max of `start` and row r's scores in this tile, over the quad that holds the row.
+  // The max of `start` and row r's scores in this tile, over the lanes that hold the row.
   template <class Scores>
   CUTE_DEVICE static float row_max_of(const Scores& scores, int r, float start) {
     CUTE_UNROLL
     for (int c = 0; c < cute::size<1>(scores); ++c) start = fmaxf(start, scores(r, c));
-    return quad_allreduce(start, MaxOp{});
+    return lanes_allreduce<kRowLanes>(start, MaxOp{});
   }
 
   // The new reference maxima (row_max); the row sums take their corrections at once, O in

@@ -44,6 +44,10 @@
 // S = Q Kᵀ runs in fp16 whatever q's dtype: a bf16 query is converted once, in shared memory, each
 // row scaled by a power of two into fp16's range (fp8_kv.h), and the scores are multiplied by that
 // row's factor back and the (batch, kv head)'s k_descale; the output by its v_descale.
+//
+// An FP8 cache's tile of 8 rows (DecodeConfig::kKeysOnM: at most 8 rows a kv head) transposes both
+// products so that the keys sit on the mma's M side and the rows on its N = 8 (decode_keys_on_m.h):
+// the same slices, pipeline and merge, its own fragments, softmax lanes and merge writes.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -54,6 +58,7 @@
 #include "common/sequence.h"
 #include "common/softcap.h"
 #include "fa/params.h"
+#include "sm80/decode_keys_on_m.h"
 #include "sm80/decode_rows.h"
 #include "sm80/fp8_kv.h"
 #include "sm80/fragments.h"
@@ -196,21 +201,39 @@ __global__ void __launch_bounds__(Config::kThreads)
       }
       auto gather = [&](const void* base, const Strides& s, auto const& cols, auto&& dst) {
         const ElementKV* head_base = static_cast<const ElementKV*>(base) + tile_rows.head_kv * s.head;
-        copy_rows_zero_fill(gmem_copy_kv, [&](int row) {  // (a row past the end: row 0's address)
-          if constexpr (kFp8) {
-            int page = group_page[0], first = group_row[0];
+        if constexpr (kFp8) {
+          // The lane's rows are row0 + kStep · m (Fp8RowCopy: kHeadDim / 16 lanes a row), kStep
+          // dividing kPageRows: copy m's group and its row there are compile-time constants, so
+          // each group's address is computed once and a row's is that plus a constant number of
+          // rows. A row past the cache's end zero-fills from the slice's first row's address.
+          constexpr int kStep = 32 / (kHeadDim / 16);
+          static_assert(kPageRows % kStep == 0);
+          const int row0 = get<0>(tKVcKV(0, 0, 0));
+          const ElementKV* group_base[kGroups];
+          CUTE_UNROLL
+          for (int g = 0; g < kGroups; ++g) {
+            group_base[g] = head_base + int64_t(group_page[g]) * s.batch + int64_t(group_row[g] + row0) * s.row;
+          }
+          const ElementKV* first_row = head_base + int64_t(group_page[0]) * s.batch + int64_t(group_row[0]) * s.row;
+          CUTE_UNROLL
+          for (int m = 0; m < size<1>(dst); ++m) {
+            const bool row_ok = row0 + kStep * m < keys_left;
+            const ElementKV* row =
+                row_ok ? group_base[kStep * m / kPageRows] + kStep * m % kPageRows * s.row : first_row;
             CUTE_UNROLL
-            for (int g = 1; g < kGroups; ++g) {  // row's group: a select, not an indexed array
-              if (row >= g * kPageRows) page = group_page[g], first = group_row[g];
+            for (int k = 0; k < size<2>(dst); ++k) {
+              Tensor src = make_tensor(make_gmem_ptr(row + get<1>(tKVcKV(0, m, k))), make_layout(shape(dst(_, m, k))));
+              copy(gmem_copy_kv.with(row_ok && cols(k)), src, dst(_, m, k));
             }
-            return head_base + int64_t(page) * s.batch + int64_t(first + row % kPageRows) * s.row;
-          } else {
+          }
+        } else {
+          copy_rows_zero_fill(gmem_copy_kv, [&](int row) {  // (a row past the end: row 0's address)
             // A slice past the cache's end zero-fills: its first row's page must still be in the table.
             const int key = min(slice * kWarpKeys + row, seq.seqlen_k - 1);
             return head_base + int64_t(pages[key / params.page_size]) * s.batch +
                    int64_t(key % params.page_size) * s.row;
-          }
-        }, dst, tKVcKV, cols, keys_left);
+          }, dst, tKVcKV, cols, keys_left);
+        }
       };
       gather(params.k, params.k_stride, col_ok, pick(stage, tKsK));
       gather(params.v, params.v_stride, col_ok_v, pick(stage, tVsV));
@@ -249,26 +272,6 @@ __global__ void __launch_bounds__(Config::kThreads)
     cp_async_fence();
   }
 
-  typename Config::TiledMma mma;
-  auto thr_mma = mma.get_thread_slice(lane);
-  typename Config::TiledMmaO mma_o;  // the same layouts (ElementPV: fp16 for an FP8 cache)
-  auto thr_mma_o = mma_o.get_thread_slice(lane);
-  Tensor tSrQ = thr_mma.partition_fragment_A(sQk);  // (MMA, MMA_M, MMA_K)
-  Tensor tSrK = thr_mma.partition_fragment_B(sKg);
-  Tensor tOrVt = thr_mma_o.partition_fragment_B(sVt);
-  Tensor acc_o = partition_fragment_C(mma_o, QTile{});
-  clear(acc_o);
-  Tensor tScS = thr_mma.partition_C(make_identity_tensor(STile{}));
-
-  auto smem_copy_q = make_tiled_copy_A(typename Config::SmemCopyAtom{}, mma);
-  auto smem_thr_q = smem_copy_q.get_thread_slice(lane);
-  Tensor tSsQ = smem_thr_q.partition_S(sQk);
-  auto smem_copy_k = make_tiled_copy_B(typename Config::SmemCopyAtom{}, mma);
-  auto smem_thr_k = smem_copy_k.get_thread_slice(lane);
-  auto smem_copy_v = make_tiled_copy_B(typename Config::SmemCopyAtomTransposed{}, mma_o);
-  auto smem_thr_v = smem_copy_v.get_thread_slice(lane);
-  Tensor tSsK = smem_thr_k.partition_S(sKg);
-  Tensor tOsVt = smem_thr_v.partition_S(sVt);
   // FP8: the scores' factor (k_descale; with a bf16 query, times its row's factor below) and the output's.
   float k_factor = 1.f, v_factor = 1.f;  // (k_factor in each row's factor, in shared memory)
   if constexpr (kFp8) {
@@ -276,65 +279,6 @@ __global__ void __launch_bounds__(Config::kThreads)
     if (params.k_descale) k_factor = params.k_descale[batch * params.k_descale_stride[0] + hk * params.k_descale_stride[1]];
     if (params.v_descale) v_factor = params.v_descale[batch * params.v_descale_stride[0] + hk * params.v_descale_stride[1]];
   }
-  // FP8: S = Q Kᵀ and O += P V of key tile n in buffer `stage`, their B fragments built from the
-  // bytes (see the top). The identity partitions of lane 0 give each fragment's key (S) or output
-  // column (O) less this lane's lane / 4, as compile-time constants.
-  auto thr0 = mma.get_thread_slice(0);
-  Tensor tSiK = thr0.partition_B(make_identity_tensor(Shape<Int<kWarpKeys>, Int<kHeadDim>>{}));   // (key, d)
-  Tensor tOiV = mma_o.get_thread_slice(0).partition_B(make_identity_tensor(Shape<Int<kHeadDim>, Int<kWarpKeys>>{}));
-  auto fp8_scores = [&](auto& acc_s, int stage) {
-    const uint8_t* k8 = reinterpret_cast<const uint8_t*>(raw_pointer_cast(pick(stage, sK).data()));
-    const auto layout = typename Config::SmemLayoutKVIn{};
-    const int j = lane % 4, r = lane / 4;
-    CUTE_UNROLL
-    for (int b = 0; b < kHeadDim / 64; ++b) {
-      CUTE_UNROLL
-      for (int nu = 0; nu < size<1>(tSrK); ++nu) {
-        const int key = get<0>(tSiK(0, nu, 0)) + r;
-        const uint4 w = *reinterpret_cast<const uint4*>(k8 + layout(key, 64 * b + 16 * j));
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-        CUTE_UNROLL
-        for (int c = 0; c < 4; ++c) {
-          uint32_t* frag = reinterpret_cast<uint32_t*>(&tSrK(0, nu, 4 * b + c));
-          frag[0] = e4m3x2_to_half2(words[c] & 0xFFFFu);
-          frag[1] = e4m3x2_to_half2(words[c] >> 16);
-        }
-      }
-      CUTE_UNROLL
-      for (int c = 0; c < 4; ++c) {
-        if constexpr (!Config::kQInRegisters) copy(smem_copy_q, tSsQ(_, _, 4 * b + c), smem_thr_q.retile_D(tSrQ)(_, _, 4 * b + c));
-        gemm(mma, tSrQ(_, _, 4 * b + c), tSrK(_, _, 4 * b + c), acc_s);
-      }
-    }
-  };
-  auto fp8_values = [&](auto const& tOrP, int stage) {
-    const uint8_t* v8 = reinterpret_cast<const uint8_t*>(raw_pointer_cast(pick(stage, sV).data()));
-    const auto layout = typename Config::SmemLayoutKVIn{};
-    const int j = lane % 4, r = lane / 4;
-    CUTE_UNROLL
-    for (int q = 0; q < kWarpKeys / 16; ++q) {
-      const int key = 16 * q + 2 * j;  // and key + 1, key + 8, key + 9
-      uint32_t w[kHeadDim / 32][4];
-      CUTE_UNROLL
-      for (int g = 0; g < kHeadDim / 32; ++g) {
-        const int col = 32 * g + 4 * r;
-        w[g][0] = *reinterpret_cast<const uint32_t*>(v8 + layout(key, col));
-        w[g][1] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 1, col));
-        w[g][2] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 8, col));
-        w[g][3] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 9, col));
-      }
-      CUTE_UNROLL
-      for (int nu = 0; nu < size<1>(tOrVt); ++nu) {
-        const int tile = get<0>(tOiV(0, nu, 0)) / 8;  // the n8 tile: columns 32g + 4r + i
-        const int g = tile / 4, i = tile % 4;
-        const uint32_t select = i | ((4 + i) << 4);  // byte i of the first word, then of the second
-        uint32_t* frag = reinterpret_cast<uint32_t*>(&tOrVt(0, nu, q));
-        frag[0] = e4m3x2_to_half2(__byte_perm(w[g][0], w[g][1], select));
-        frag[1] = e4m3x2_to_half2(__byte_perm(w[g][2], w[g][3], select));
-      }
-      gemm(mma_o, tOrP(_, _, q), tOrVt(_, _, q), acc_o);
-    }
-  };
 
   // The query rows (warp 0's oldest group) have landed: visible to every warp after the barrier.
   cp_async_wait<kStages - 1>();
@@ -375,17 +319,12 @@ __global__ void __launch_bounds__(Config::kThreads)
     }
     __syncthreads();
   }
-  constexpr int kThreadRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
-  if constexpr (Config::kQInRegisters) copy(smem_copy_q, tSsQ, smem_thr_q.retile_D(tSrQ));
-
-  OnlineSoftmax<kThreadRows> softmax;
-
-  // One step on key tile n, held in buffer `stage`.
-  auto step = [&](int n, auto masked, auto stage) {
-    constexpr bool kMasked = decltype(masked)::value;
-    cp_async_wait<kStages - 2>();  // this warp's slices of tile n
+  // The start of every step on key tile n (in buffer `stage`): wait for this warp's slices of it,
+  // and issue tile n-(kStages-1)'s into tile n+1's buffer, which this warp is done with.
+  auto next_slices = [&](int n, auto stage) {
+    cp_async_wait<kStages - 2>();
     __syncwarp();
-    if (n - (kStages - 1) >= tile_begin) {  // into tile n+1's buffer, which this warp is done with
+    if (n - (kStages - 1) >= tile_begin) {
       if constexpr (kFp8) {
         load_slice(n - (kStages - 1), stage + 1 == kStages ? 0 : stage + 1, false_type{});
       } else {
@@ -393,84 +332,222 @@ __global__ void __launch_bounds__(Config::kThreads)
       }
     }
     cp_async_fence();
-
-    Tensor acc_s = partition_fragment_C(mma, STile{});
-    clear(acc_s);
-    if constexpr (kFp8) {
-      fp8_scores(acc_s, stage);
-      auto score_rows = rowcol_view(acc_s);
-      CUTE_UNROLL
-      for (int r = 0; r < kThreadRows; ++r) {
-        const float factor = row_factor[get<0>(rowcol_view(tScS)(r, 0))];
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(score_rows); ++c) score_rows(r, c) *= factor;
-      }
-    } else if constexpr (Config::kQInRegisters) {
-      gemm_regs_smem(acc_s, tSrQ, tSrK, smem_thr_k.retile_D(tSrK), pick(stage, tSsK), smem_copy_k, mma);
-    } else {
-      gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q, tSrK, smem_thr_k.retile_D(tSrK),
-                     pick(stage, tSsK), smem_copy_k, mma);
-    }
-    // Soft-capping at run time: one instantiation serves every variant (common/softcap.h).
-    if (params.softcap_scale != 0.f) softcap_scores(acc_s, params.softcap_scale);
-    if constexpr (kMasked) {  // packed rows: each row's position, not its index
-      const int key0 = (n * kWarps + warp) * kWarpKeys;
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_s); ++i) {
-        if (mask.hides(tile_rows.position_of(get<0>(tScS(i))), key0 + get<1>(tScS(i)))) acc_s(i) = -INFINITY;
-      }
-    }
-    auto out_rows = rowcol_view(acc_o);
-    auto scores = rowcol_view(acc_s);
-    // A masked slice may hide every key of a row (past the cache's end, or its diagonal).
-    if constexpr (kFp8) {  // O's rescale behind a branch, not predicated (online_softmax.h)
-      softmax.rescale_scores(scores, params.scale_log2);
-      softmax.template rescale_output<true>(out_rows);
-    } else {
-      softmax.update(scores, out_rows, params.scale_log2);
-    }
-
-    Tensor probs = convert_fragment<ElementPV>(acc_s);
-    Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));
-    if constexpr (kFp8) {
-      fp8_values(tOrP, stage);
-    } else {
-      gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), pick(stage, tOsVt), smem_copy_v, mma_o);
-    }
   };
-
-  // The tile may hold position 0, which sees the fewest keys, and the last position, which a left
-  // bound hides the most keys from: the three runs of common/attention_mask.h.
+  // The mainloop: step(n, masked, stage) on the key tiles from the last to the first. The tile may
+  // hold position 0, which sees the fewest keys, and the last position, which a left bound hides
+  // the most keys from: the three runs of common/attention_mask.h.
   const int first_masked = mask.first_masked_tile(0, kBlockN);
   const int left_masked = mask.left_masked_tiles(seq.seqlen_q, kBlockN);
-  for (; n >= max(first_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
-  for (; n >= max(left_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage); });
-  for (; n >= tile_begin; --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
-
-  // Merge: each warp's normalised output and lse into shared memory, over the K/V buffers.
-  float row_lse[kThreadRows];
-  auto out_rows = rowcol_view(acc_o);
-  softmax.finalize(out_rows, params.scale, row_lse);
-  cp_async_wait<0>();  // only empty groups can be left; no copy may land in the merge area
-  __syncthreads();      // every warp is done reading its buffers
+  auto walk = [&](auto&& step) {
+    for (; n >= max(first_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
+    for (; n >= max(left_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage); });
+    for (; n >= tile_begin; --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
+  };
+  // Merge: each warp's normalised output and lse into shared memory, over the K/V buffers (once
+  // every warp is done reading them), then combined over the warps.
   float* merge_o = reinterpret_cast<float*>(smem + Config::kQBytes);  // [warp][row][kMergeStride]
   float* merge_lse = merge_o + kWarps * kRows * Config::kMergeStride;  // [warp][row]
-  Tensor acc_coords = rowcol_view(thr_mma.partition_C(make_identity_tensor(QTile{})));
-  CUTE_UNROLL
-  for (int r = 0; r < kThreadRows; ++r) {
-    const int row = get<0>(acc_coords(r, 0));
-    float* dst = merge_o + (warp * kRows + row) * Config::kMergeStride;
-    CUTE_UNROLL
-    for (int c = 0; c < size<1>(out_rows); c += 2) {  // a thread's two adjacent columns: one 8-byte store
-      const int col = get<1>(acc_coords(r, c));
-      if constexpr (kFp8) {  // columns permuted (fp8_output_column)
-        dst[fp8_output_column(col)] = out_rows(r, c);
-        dst[fp8_output_column(col + 1)] = out_rows(r, c + 1);
-      } else {
-        *reinterpret_cast<float2*>(dst + col) = make_float2(out_rows(r, c), out_rows(r, c + 1));
+
+  if constexpr (Config::kKeysOnM) {  // at most 8 rows, FP8 (decode_keys_on_m.h)
+    using Tile = KeysOnM<kHeadDim, kWarpKeys>;
+    Tile tile(lane);
+    tile.load_query(sQk);
+    const float row_factors[2] = {row_factor[2 * tile.t], row_factor[2 * tile.t + 1]};
+    Tensor acc_o = make_tensor<float>(typename Tile::OutLayout{});
+    clear(acc_o);
+    OnlineSoftmax<2, 0, Tile::kRowLanes> softmax;
+    const auto layout = typename Config::SmemLayoutKVIn{};
+    walk([&](int n, auto masked, auto stage) {
+      next_slices(n, stage);
+      Tensor scores = make_tensor<float>(typename Tile::ScoreLayout{});
+      tile.scores(reinterpret_cast<const uint8_t*>(raw_pointer_cast(pick(stage, sK).data())), layout, scores);
+      CUTE_UNROLL
+      for (int i = 0; i < size(scores); ++i) scores.data()[i] *= row_factors[i % 2];
+      if (params.softcap_scale != 0.f) softcap_scores(scores, params.softcap_scale);
+      if constexpr (decltype(masked)::value) {
+        const int key0 = (n * kWarps + warp) * kWarpKeys;
+        CUTE_UNROLL
+        for (int i = 0; i < size(scores); ++i) {
+          if (mask.hides(tile_rows.position_of(tile.row_of(i)), key0 + tile.key_of(i))) scores.data()[i] = -INFINITY;
+        }
       }
+      softmax.rescale_scores(scores, params.scale_log2);
+      softmax.template rescale_output<true>(acc_o);
+      tile.values(scores, reinterpret_cast<const uint8_t*>(raw_pointer_cast(pick(stage, sV).data())), layout, acc_o);
+    });
+    float row_lse[2];
+    softmax.finalize(acc_o, params.scale, row_lse);
+    cp_async_wait<0>();  // only empty groups can be left; no copy may land in the merge area
+    __syncthreads();      // every warp is done reading its buffers
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {  // the lane's D/8 consecutive values of rows 2t, 2t + 1
+      float* dst = merge_o + (warp * kRows + tile.row_of(r)) * Config::kMergeStride;
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_o); i += 4) {
+        *reinterpret_cast<float2*>(dst + tile.column_of(i)) = make_float2(acc_o.data()[i + r], acc_o.data()[i + 2 + r]);
+      }
+      if (tile.g == 0) merge_lse[warp * kRows + tile.row_of(r)] = row_lse[r];
     }
-    if (get<1>(acc_coords(r, 0)) == 0) merge_lse[warp * kRows + row] = row_lse[r];
+  } else {
+    typename Config::TiledMma mma;
+    auto thr_mma = mma.get_thread_slice(lane);
+    typename Config::TiledMmaO mma_o;  // the same layouts (ElementPV: fp16 for an FP8 cache)
+    auto thr_mma_o = mma_o.get_thread_slice(lane);
+    Tensor tSrQ = thr_mma.partition_fragment_A(sQk);  // (MMA, MMA_M, MMA_K)
+    Tensor tSrK = thr_mma.partition_fragment_B(sKg);
+    Tensor tOrVt = thr_mma_o.partition_fragment_B(sVt);
+    Tensor acc_o = partition_fragment_C(mma_o, QTile{});
+    clear(acc_o);
+    Tensor tScS = thr_mma.partition_C(make_identity_tensor(STile{}));
+
+    auto smem_copy_q = make_tiled_copy_A(typename Config::SmemCopyAtom{}, mma);
+    auto smem_thr_q = smem_copy_q.get_thread_slice(lane);
+    Tensor tSsQ = smem_thr_q.partition_S(sQk);
+    auto smem_copy_k = make_tiled_copy_B(typename Config::SmemCopyAtom{}, mma);
+    auto smem_thr_k = smem_copy_k.get_thread_slice(lane);
+    auto smem_copy_v = make_tiled_copy_B(typename Config::SmemCopyAtomTransposed{}, mma_o);
+    auto smem_thr_v = smem_copy_v.get_thread_slice(lane);
+    Tensor tSsK = smem_thr_k.partition_S(sKg);
+    Tensor tOsVt = smem_thr_v.partition_S(sVt);
+    // FP8: S = Q Kᵀ and O += P V of key tile n in buffer `stage`, their B fragments built from the
+    // bytes (see the top). The identity partitions of lane 0 give each fragment's key (S) or output
+    // column (O) less this lane's lane / 4, as compile-time constants.
+    auto thr0 = mma.get_thread_slice(0);
+    Tensor tSiK = thr0.partition_B(make_identity_tensor(Shape<Int<kWarpKeys>, Int<kHeadDim>>{}));   // (key, d)
+    Tensor tOiV = mma_o.get_thread_slice(0).partition_B(make_identity_tensor(Shape<Int<kHeadDim>, Int<kWarpKeys>>{}));
+    auto fp8_scores = [&](auto& acc_s, int stage) {
+      const uint8_t* k8 = reinterpret_cast<const uint8_t*>(raw_pointer_cast(pick(stage, sK).data()));
+      const auto layout = typename Config::SmemLayoutKVIn{};
+      const int j = lane % 4, r = lane / 4;
+      CUTE_UNROLL
+      for (int b = 0; b < kHeadDim / 64; ++b) {
+        CUTE_UNROLL
+        for (int nu = 0; nu < size<1>(tSrK); ++nu) {
+          const int key = get<0>(tSiK(0, nu, 0)) + r;
+          const uint4 w = *reinterpret_cast<const uint4*>(k8 + layout(key, 64 * b + 16 * j));
+          const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+          CUTE_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            uint32_t* frag = reinterpret_cast<uint32_t*>(&tSrK(0, nu, 4 * b + c));
+            frag[0] = e4m3x2_to_half2(words[c] & 0xFFFFu);
+            frag[1] = e4m3x2_to_half2(words[c] >> 16);
+          }
+        }
+        CUTE_UNROLL
+        for (int c = 0; c < 4; ++c) {
+          if constexpr (!Config::kQInRegisters) copy(smem_copy_q, tSsQ(_, _, 4 * b + c), smem_thr_q.retile_D(tSrQ)(_, _, 4 * b + c));
+          gemm(mma, tSrQ(_, _, 4 * b + c), tSrK(_, _, 4 * b + c), acc_s);
+        }
+      }
+    };
+    auto fp8_values = [&](auto const& tOrP, int stage) {
+      const uint8_t* v8 = reinterpret_cast<const uint8_t*>(raw_pointer_cast(pick(stage, sV).data()));
+      const auto layout = typename Config::SmemLayoutKVIn{};
+      const int j = lane % 4, r = lane / 4;
+      CUTE_UNROLL
+      for (int q = 0; q < kWarpKeys / 16; ++q) {
+        const int key = 16 * q + 2 * j;  // and key + 1, key + 8, key + 9
+        uint32_t w[kHeadDim / 32][4];
+        CUTE_UNROLL
+        for (int g = 0; g < kHeadDim / 32; ++g) {
+          const int col = 32 * g + 4 * r;
+          w[g][0] = *reinterpret_cast<const uint32_t*>(v8 + layout(key, col));
+          w[g][1] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 1, col));
+          w[g][2] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 8, col));
+          w[g][3] = *reinterpret_cast<const uint32_t*>(v8 + layout(key + 9, col));
+        }
+        CUTE_UNROLL
+        for (int nu = 0; nu < size<1>(tOrVt); ++nu) {
+          const int tile = get<0>(tOiV(0, nu, 0)) / 8;  // the n8 tile: columns 32g + 4r + i
+          const int g = tile / 4, i = tile % 4;
+          const uint32_t select = i | ((4 + i) << 4);  // byte i of the first word, then of the second
+          uint32_t* frag = reinterpret_cast<uint32_t*>(&tOrVt(0, nu, q));
+          frag[0] = e4m3x2_to_half2(__byte_perm(w[g][0], w[g][1], select));
+          frag[1] = e4m3x2_to_half2(__byte_perm(w[g][2], w[g][3], select));
+        }
+        gemm(mma_o, tOrP(_, _, q), tOrVt(_, _, q), acc_o);
+      }
+    };
+
+    constexpr int kThreadRows = decltype(size<0>(rowcol_layout(acc_o.layout())))::value;
+    if constexpr (Config::kQInRegisters) copy(smem_copy_q, tSsQ, smem_thr_q.retile_D(tSrQ));
+
+    OnlineSoftmax<kThreadRows> softmax;
+
+    // One step on key tile n, held in buffer `stage`.
+    auto step = [&](int n, auto masked, auto stage) {
+      constexpr bool kMasked = decltype(masked)::value;
+      next_slices(n, stage);
+
+      Tensor acc_s = partition_fragment_C(mma, STile{});
+      clear(acc_s);
+      if constexpr (kFp8) {
+        fp8_scores(acc_s, stage);
+        auto score_rows = rowcol_view(acc_s);
+        CUTE_UNROLL
+        for (int r = 0; r < kThreadRows; ++r) {
+          const float factor = row_factor[get<0>(rowcol_view(tScS)(r, 0))];
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(score_rows); ++c) score_rows(r, c) *= factor;
+        }
+      } else if constexpr (Config::kQInRegisters) {
+        gemm_regs_smem(acc_s, tSrQ, tSrK, smem_thr_k.retile_D(tSrK), pick(stage, tSsK), smem_copy_k, mma);
+      } else {
+        gemm_smem_smem(acc_s, tSrQ, smem_thr_q.retile_D(tSrQ), tSsQ, smem_copy_q, tSrK, smem_thr_k.retile_D(tSrK),
+                       pick(stage, tSsK), smem_copy_k, mma);
+      }
+      // Soft-capping at run time: one instantiation serves every variant (common/softcap.h).
+      if (params.softcap_scale != 0.f) softcap_scores(acc_s, params.softcap_scale);
+      if constexpr (kMasked) {  // packed rows: each row's position, not its index
+        const int key0 = (n * kWarps + warp) * kWarpKeys;
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          if (mask.hides(tile_rows.position_of(get<0>(tScS(i))), key0 + get<1>(tScS(i)))) acc_s(i) = -INFINITY;
+        }
+      }
+      auto out_rows = rowcol_view(acc_o);
+      auto scores = rowcol_view(acc_s);
+      // A masked slice may hide every key of a row (past the cache's end, or its diagonal).
+      if constexpr (kFp8) {  // O's rescale behind a branch, not predicated (online_softmax.h)
+        softmax.rescale_scores(scores, params.scale_log2);
+        softmax.template rescale_output<true>(out_rows);
+      } else {
+        softmax.update(scores, out_rows, params.scale_log2);
+      }
+
+      Tensor probs = convert_fragment<ElementPV>(acc_s);
+      Tensor tOrP = make_tensor(probs.data(), accumulator_as_a_operand(probs.layout()));
+      if constexpr (kFp8) {
+        fp8_values(tOrP, stage);
+      } else {
+        gemm_regs_smem(acc_o, tOrP, tOrVt, smem_thr_v.retile_D(tOrVt), pick(stage, tOsVt), smem_copy_v, mma_o);
+      }
+    };
+
+    walk(step);
+
+    float row_lse[kThreadRows];
+    auto out_rows = rowcol_view(acc_o);
+    softmax.finalize(out_rows, params.scale, row_lse);
+    cp_async_wait<0>();  // only empty groups can be left; no copy may land in the merge area
+    __syncthreads();      // every warp is done reading its buffers
+    Tensor acc_coords = rowcol_view(thr_mma.partition_C(make_identity_tensor(QTile{})));
+    CUTE_UNROLL
+    for (int r = 0; r < kThreadRows; ++r) {
+      const int row = get<0>(acc_coords(r, 0));
+      float* dst = merge_o + (warp * kRows + row) * Config::kMergeStride;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(out_rows); c += 2) {  // a thread's two adjacent columns: one 8-byte store
+        const int col = get<1>(acc_coords(r, c));
+        if constexpr (kFp8) {  // columns permuted (fp8_output_column)
+          dst[fp8_output_column(col)] = out_rows(r, c);
+          dst[fp8_output_column(col + 1)] = out_rows(r, c + 1);
+        } else {
+          *reinterpret_cast<float2*>(dst + col) = make_float2(out_rows(r, c), out_rows(r, c + 1));
+        }
+      }
+      if (get<1>(acc_coords(r, 0)) == 0) merge_lse[warp * kRows + row] = row_lse[r];
+    }
   }
   __syncthreads();
 

@@ -110,12 +110,13 @@ namespace fa::sm80 {
 
 // The key-splitting decode kernel (decode_kernel.h): kWarps warps side by side along the keys,
 // each with its own kWarpKeys-key slice of every step, its own kStages-deep K/V buffers in shared
-// memory and its own online softmax over kRows (16 or 32) packed query rows; the warps' results are
-// merged once, at the end. One warp covers the rows: its MMA is a column of kRows / 16 m16n8k16 atoms.
+// memory and its own online softmax over kRows (16 or 32; an FP8 cache also 8) packed query rows;
+// the warps' results are merged once, at the end. One warp covers the rows: its MMA is a column of
+// kRows / 16 m16n8k16 atoms, or at 8 rows (kKeysOnM) a row of atoms along the keys, 8 query rows wide.
 //
 // ElementKV: the cache's element type, Element's or cutlass::float_e4m3_t (an FP8 cache; fp8_kv.h).
 // An FP8 cache's slices land as bytes, rows of kHeadDim with their 16-byte pieces swizzled
-// (SmemLayoutKVIn), and the warp builds its GEMMs' B fragments from them itself (decode_kernel.h);
+// (SmemLayoutKVIn), and the warp builds its GEMMs' fragments from them itself (decode_kernel.h);
 // O += P V then runs as an fp16 GEMM.
 template <class T>
 struct TypeIs {
@@ -152,7 +153,10 @@ struct DecodeConfig {
   static constexpr int kBlockN = kWarps * kWarpKeys;  // keys per step
   static constexpr int kStages = kStages_;         // K/V buffers per warp
   static constexpr int kThreads = kWarps * 32;
-  static_assert(kHeadDim % 32 == 0 && kRows % 16 == 0 && kWarpKeys % 16 == 0 && kStages >= 2 && kStages <= 4);
+  // An FP8 cache's tile of 8 rows puts the keys on the mma's M side (decode_keys_on_m.h).
+  static constexpr bool kKeysOnM = kFp8 && kRows == 8;
+  static_assert(kHeadDim % 32 == 0 && (kRows % 16 == 0 || kKeysOnM) && kWarpKeys % 16 == 0 && kStages >= 2 &&
+                kStages <= 4);
   static_assert(!kFp8 || kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "FP8 caches: head dims 64, 128, 256");
 
   using TiledMma = Sm80TiledMma<ElementQK, 1, 1>;   // S = Q Kᵀ

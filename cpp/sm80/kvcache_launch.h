@@ -127,12 +127,22 @@ cudaError_t run_forward_kvcache(const ForwardParams& params, cudaStream_t stream
 // one buffer more than a 16-bit cache's (the same bytes in flight): 100 KB at 16 rows up to D = 128
 // (two CTAs an SM), 104 KB at D = 256, 72 KB at 32 rows (D = 128). Where the 16-row tile does not fit
 // (sm86/sm89's 99 KB) the 32-row one serves up to 16 rows too (D <= 128). Eight warps of half the
-// keys each at 16 rows took 1-20% longer (H200; docs/tried.md).
+// keys each at 16 rows took 1-20% longer (H200; docs/tried.md). Up to 8 rows (a decoding step of up
+// to 8 query heads a kv head), the 16-row tile's slices with the keys on the mma's M side
+// (decode_keys_on_m.h): half the mma's and exponentials, 167 registers at D = 128 (ptxas, sm_90a),
+// so with two buffers (67 KB, which sm86/sm89's 99 KB hold too) three CTAs an SM (measured on the
+// H100 against three buffers, two CTAs: level or up to 2.4% faster; docs/tried.md).
 template <int kHeadDim, int kRows>
 struct DecodeFp8Tile {
   static constexpr int kWarps = DecodeSplitTile<kHeadDim, kRows>::kWarps;
   static constexpr int kWarpKeys = DecodeSplitTile<kHeadDim, kRows>::kWarpKeys;
   static constexpr int kStages = DecodeSplitTile<kHeadDim, kRows>::kStages + 1;
+};
+template <int kHeadDim>
+struct DecodeFp8Tile<kHeadDim, 8> {  // the 16-row tile's slices, two buffers: three CTAs an SM
+  static constexpr int kWarps = DecodeFp8Tile<kHeadDim, 16>::kWarps;
+  static constexpr int kWarpKeys = DecodeFp8Tile<kHeadDim, 16>::kWarpKeys;
+  static constexpr int kStages = 2;
 };
 template <class Element, int kHeadDim, int kRows>
 using DecodeFp8ConfigFor =
@@ -147,9 +157,12 @@ cudaError_t run_forward_kvcache_fp8(const ForwardParams& params, cudaStream_t st
     static_assert(DecodeFp8ConfigFor<Element, kHeadDim, 32>::kSmemBytes <= kLeastOptinSmemBytes,
                   "an FP8 KV-cache tile for sm86/sm89");
   }
-  const cudaError_t err = launch_key_splitting<DecodeFp8ConfigFor, Element, kHeadDim>(params, stream, smem_optin_bytes());
-  if (err != cudaErrorNotSupported) return err;
   const int rows = params.seqlen_q * (params.heads_q / params.heads_kv);
+  const int smem = smem_optin_bytes();
+  using Rows8 = DecodeFp8ConfigFor<Element, kHeadDim, 8>;
+  if (rows <= 8 && Rows8::kSmemBytes <= smem) return launch_decode<Rows8>(params, stream);
+  const cudaError_t err = launch_key_splitting<DecodeFp8ConfigFor, Element, kHeadDim>(params, stream, smem);
+  if (err != cudaErrorNotSupported) return err;
   return rows > fp8_kvcache_max_rows(kHeadDim) ? cudaErrorInvalidValue : cudaErrorLaunchOutOfResources;
 }
 
