@@ -81,6 +81,9 @@ def parse_args(argv=None):
     p.add_argument("--clocks", action=argparse.BooleanOptionalAction, default=True,
                    help="sample the SM clock and board power with nvidia-smi every 50 ms and give each result "
                         "their means over its timings (dense shapes; --no-clocks: no sampling process)")
+    p.add_argument("--graphs", action="store_true",
+                   help="--suite decode: time each implementation's calls replayed in a CUDA graph (the GPU's "
+                        "time without the host's; benchmarks/decode_suite.py)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", default=None, help="file stem of the CSV/JSON/PNG (default: the suite and a timestamp)")
     args = p.parse_args(argv)
@@ -262,12 +265,13 @@ def main_varlen(args, meta) -> int:
 
 def main_decode(args, meta) -> int:
     print(header(meta), flush=True)
-    rows, mismatches, bandwidth = decode_suite.run_decode_suite(args.dtypes, args.impl)
+    rows, mismatches, bandwidth = decode_suite.run_decode_suite(args.dtypes, args.impl, graphs=args.graphs)
     print(decode_suite.decode_table(rows, bandwidth))
     print("\nK+V GB/s = the bytes of the cache's keys and values the call reads / time; 'of copy': that over the "
-          "copy bandwidth above.")
+          "copy bandwidth above." + (f" Times: a call within a replayed CUDA graph of {decode_suite.GRAPH_CALLS} "
+                                     "calls." if args.graphs else ""))
     return finish_run(args, time.strftime("decode-%Y%m%d-%H%M%S"),
-                      {"meta": meta, "copy_bytes_per_s": bandwidth, "results": rows}, mismatches)
+                      {"meta": meta, "copy_bytes_per_s": bandwidth, "graphs": args.graphs, "results": rows}, mismatches)
 
 
 def main_fp8(args, meta) -> int:

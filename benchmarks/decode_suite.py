@@ -14,6 +14,11 @@ Implementations: fa (fa.attention_kvcache), fa-fp8 (the same with the cache in f
 ../shared/peers/fa3-serving on PYTHONPATH), and SDPA with each backend forced (contiguous rows
 only: it has no paged cache; k and v are the cache's filled part, enable_gqa=True). Every fa output
 is checked against SDPA's (or FA3's on paged rows); fa-fp8's against fa on the dequantised cache.
+
+Timing: each call on its own (CUDA events around one call, as every suite: the host's work for the
+call is in the time where it exceeds the GPU's), or with ``graphs`` (bench.py ``--graphs``) each
+implementation captured in a CUDA graph of GRAPH_CALLS calls and the graph's replay timed, per call:
+the GPU's time alone, as a server that replays its decoding step in a graph sees it.
 """
 
 import dataclasses
@@ -25,6 +30,7 @@ import torch.nn.functional as F
 from timing import MISMATCH_TOLERANCE, noted_failure, relative_mismatch, sdpa_backend, time_ms
 
 DECODE_IMPLS = ["fa", "fa-fp8", "fa3", "cudnn", "flash", "efficient"]
+GRAPH_CALLS = 10
 FP8 = torch.float8_e4m3fn
 
 
@@ -152,8 +158,23 @@ def make_decode_impl(name: str, case: DecodeCase, num_splits: int = 0) -> Callab
     return run
 
 
-def run_decode_suite(dtypes: Sequence[str], impls: Optional[Sequence[str]] = None, cases=None):
-    """Returns (rows, mismatches, copy bytes/s)."""
+def time_graph_ms(fn: Callable[[], object]) -> float:
+    """Milliseconds a call of fn within the replay of a CUDA graph of GRAPH_CALLS calls of it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # (allocations made before the capture, as CUDA graphs want)
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    return time_ms(graph.replay) / GRAPH_CALLS
+
+
+def run_decode_suite(dtypes: Sequence[str], impls: Optional[Sequence[str]] = None, cases=None,
+                     graphs: bool = False):
+    """Returns (rows, mismatches, copy bytes/s); graphs: time_graph_ms instead of time_ms."""
     impls = list(impls or DECODE_IMPLS)
     bandwidth = copy_bandwidth()
     rows, mismatches = [], []
@@ -171,7 +192,8 @@ def run_decode_suite(dtypes: Sequence[str], impls: Optional[Sequence[str]] = Non
                     fn = make_decode_impl(impl, case)
                     with torch.no_grad():
                         outputs[impl] = fn(*call_inputs)
-                        row["ms"] = time_ms(lambda fn=fn, call_inputs=call_inputs: fn(*call_inputs))
+                        row["ms"] = (time_graph_ms if graphs else time_ms)(lambda fn=fn, call_inputs=call_inputs:
+                                                                          fn(*call_inputs))
                     row["gbps"] = case.kv_bytes(call_inputs[1].element_size()) / (row["ms"] * 1e-3) / 1e9
                     row["of_copy"] = row["gbps"] * 1e9 / bandwidth
                 rows.append(row)

@@ -343,7 +343,17 @@ def test_decode_suite_rows_and_bytes():
     assert dv_case.label() == "B16 Hq128 Hk128 Sq1 D192/128 4096 keys, contiguous"
     assert dv_case.kv_bytes(2) == 16 * 128 * 4096 * (192 + 128) * 2
     args = bench.parse_args(["--suite", "decode"])
-    assert args.impl == decode_suite.DECODE_IMPLS
+    assert args.impl == decode_suite.DECODE_IMPLS and not args.graphs
+    assert bench.parse_args(["--suite", "decode", "--graphs"]).graphs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_decode_suite_graph_timing_is_per_call():
+    # A graph of GRAPH_CALLS calls, its replay's time divided by them: a call of a kernel that
+    # sleeps ~100 µs comes out near 100 µs, not GRAPH_CALLS times that.
+    ms = decode_suite.time_graph_ms(lambda: torch.cuda._sleep(200_000))
+    one = decode_suite.time_ms(lambda: torch.cuda._sleep(200_000))
+    assert 0.5 * one <= ms <= 1.5 * one, (ms, one)
 
 
 @pytest.mark.parametrize("paged", [False, True])
