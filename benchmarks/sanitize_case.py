@@ -167,7 +167,7 @@ def fp8kv():
     descale = torch.rand(b, hk, device="cuda") + 0.5
     for d in fa.build_info()["fp8_kv_cache_head_dims"]:
         for dtype in (torch.float16, torch.bfloat16):
-            for hq, sq in ((4, 1), (8, 4) if d <= 128 else (8, 2)):  # 2 rows; 16 or 32 rows
+            for hq, sq in ((4, 1), (8, 4) if d <= 128 else (8, 3)):  # 2 rows (the 8-row tile); 16 or 12
                 q = torch.randn(b, hq, sq, d, device="cuda", dtype=dtype)
                 k = torch.randn(b, hk, 520, d, device="cuda").to(fp8)
                 for splits in (1, 5):
@@ -186,11 +186,12 @@ def fp8kv():
             v = torch.randn(b, hk, 520, 128, device="cuda").to(fp8)
             for splits in (1, 5):
                 fa.attention_kvcache(q, k, v, used, num_splits=splits, k_descale=descale, v_descale=descale)
-    os.environ["FA_MAX_SHARED_MEMORY"] = str(99 * 1024)
-    q = torch.randn(b, 8, 2, 128, device="cuda", dtype=torch.bfloat16)
+    os.environ["FA_MAX_SHARED_MEMORY"] = str(99 * 1024)  # 8 rows: the 8-row tile; 16: the 32-row tile
     k = torch.randn(b, hk, 520, 128, device="cuda").to(fp8)
-    if 128 in fa.build_info()["fp8_kv_cache_head_dims"]:
-        fa.attention_kvcache(q, k, k, used, num_splits=3, v_descale=descale)
+    for sq in (2, 4):
+        q = torch.randn(b, 8, sq, 128, device="cuda", dtype=torch.bfloat16)
+        if 128 in fa.build_info()["fp8_kv_cache_head_dims"]:
+            fa.attention_kvcache(q, k, k, used, num_splits=3, v_descale=descale)
     del os.environ["FA_MAX_SHARED_MEMORY"]
     print("sanitize case done: fp8kv")
 
