@@ -20,18 +20,22 @@
 
 namespace fa {
 
-// Whether the current device runs dependent launches (sm90 and later), asked of the runtime once
-// per device (a KV-cache call runs at every decoded token).
-inline bool dependent_launch_supported() {
+// Whether a dependent launch of kKernel on the current device is exact: the code the device runs
+// was compiled for sm90 or later, so its wait_for_prior_grid is a griddepcontrol.wait (code
+// JIT-compiled from an older arch's PTX has none, and would read the prior grid's results before
+// they are complete). Asked of the runtime once per device (a KV-cache call runs at every decoded
+// token).
+template <auto kKernel>
+bool dependent_launch_exact() {
   constexpr int kDevices = 64;
   static std::atomic<int> known[kDevices] = {};  // 0: not asked yet; 1: no; 2: yes
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   int state = device < kDevices ? known[device].load(std::memory_order_relaxed) : 0;
   if (state == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    state = major >= 9 ? 2 : 1;
+    cudaFuncAttributes attributes;
+    if (cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kKernel)) != cudaSuccess) return false;
+    state = attributes.ptxVersion >= 90 ? 2 : 1;
     if (device < kDevices) known[device].store(state, std::memory_order_relaxed);
   }
   return state == 2;

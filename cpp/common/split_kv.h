@@ -79,7 +79,7 @@ template <class Element>
 cudaError_t launch_combine_splits(const ForwardParams& p, cudaStream_t stream) {
   const dim3 grid(p.seqlen_q, p.heads_q, p.batch);
   const size_t smem = combine_weight_count(p.num_splits) * sizeof(float);
-  if (dependent_launch_supported()) {
+  if (dependent_launch_exact<&combine_splits_kernel<Element>>()) {
     return launch_after_prior_grid(&combine_splits_kernel<Element>, grid, dim3(kCombineThreads), smem, stream, p);
   }
   combine_splits_kernel<Element><<<grid, kCombineThreads, smem, stream>>>(p);
