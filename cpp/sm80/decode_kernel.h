@@ -286,7 +286,8 @@ __global__ void __launch_bounds__(Config::kThreads)
   // FP8: a bf16 query into fp16, each row scaled by a power of two (fp8_kv.h), a 16-byte piece a
   // thread; then Q's columns in the order of the keys' fragments, each 64-column block of a row.
   // Each row's scores take the factor row_factor[row] (after the query rows): k_factor, times the
-  // power of two back for a bf16 query. (Read each step: in registers they made the 32-row tile spill.)
+  // power of two back for a bf16 query. (The 16- and 32-row tiles read it each step: in registers
+  // the factors made the 32-row tile spill. A lane of the 8-row tile keeps its two rows'.)
   constexpr bool kBf16Query = kFp8 && !std::is_same_v<Element, cutlass::half_t>;
   float* row_factor = reinterpret_cast<float*>(smem + Config::kQTileBytes);
   if constexpr (kFp8 && !kBf16Query) {
