@@ -14,31 +14,23 @@
 // (common/split_kv.h), waiting before anything else.
 #pragma once
 
-#include <atomic>
-
 #include <cuda_runtime.h>  // cudaLaunchKernelEx
+
+#include "common/per_device.h"
 
 namespace fa {
 
 // Whether a dependent launch of kKernel on the current device is exact: the code the device runs
 // was compiled for sm90 or later, so its wait_for_prior_grid is a griddepcontrol.wait (code
 // JIT-compiled from an older arch's PTX has none, and would read the prior grid's results before
-// they are complete). Asked of the runtime once per device (a KV-cache call runs at every decoded
-// token).
+// they are complete). Asked of the runtime once per device (common/per_device.h).
 template <auto kKernel>
 bool dependent_launch_exact() {
-  constexpr int kDevices = 64;
-  static std::atomic<int> known[kDevices] = {};  // 0: not asked yet; 1: no; 2: yes
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  int state = device < kDevices ? known[device].load(std::memory_order_relaxed) : 0;
-  if (state == 0) {
+  return once_per_device([](int) {  // 0: unknown; 1: no; 2: yes
     cudaFuncAttributes attributes;
-    if (cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kKernel)) != cudaSuccess) return false;
-    state = attributes.ptxVersion >= 90 ? 2 : 1;
-    if (device < kDevices) known[device].store(state, std::memory_order_relaxed);
-  }
-  return state == 2;
+    if (cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kKernel)) != cudaSuccess) return 0;
+    return attributes.ptxVersion >= 90 ? 2 : 1;
+  }) == 2;
 }
 
 // Block until the grid this one depends on has completed, its memory operations visible. Returns

@@ -8,12 +8,12 @@
 // kernels took about a quarter of a full build's compile time (docs/tried.md, 2289563).
 #pragma once
 
-#include <atomic>
 #include <cstdlib>
 
 #include <cuda_runtime_api.h>
 
 #include "common/element.h"
+#include "common/per_device.h"
 #include "common/split_kv.h"
 #include "fa/kernels.h"
 #include "sm80/decode_kernel.h"
@@ -67,17 +67,12 @@ cudaError_t launch_decode(const ForwardParams& params, cudaStream_t stream) {
 // 99 KB on sm86/sm89), or less where the environment variable FA_MAX_SHARED_MEMORY (bytes) says
 // so: the KV-cache dispatch then picks the tiles a GPU with that much would get, which is how the
 // tests run an RTX 30/40's choice on a larger GPU. 0 where the runtime cannot say. The device's
-// figure is asked of the runtime once per device: a KV-cache call runs at every decoded token.
+// figure is asked of the runtime once per device (common/per_device.h).
 inline int smem_optin_bytes() {
-  constexpr int kDevices = 64;
-  static std::atomic<int> known[kDevices] = {};
-  int device = 0, optin = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  if (device < kDevices) optin = known[device].load(std::memory_order_relaxed);
-  if (optin == 0) {
-    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
-    if (device < kDevices) known[device].store(optin, std::memory_order_relaxed);
-  }
+  int optin = once_per_device([](int device) {
+    int bytes = 0;
+    return cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess ? bytes : 0;
+  });
   if (const char* cap = std::getenv("FA_MAX_SHARED_MEMORY")) {
     const long bytes = std::strtol(cap, nullptr, 10);
     if (bytes > 0 && bytes < optin) optin = int(bytes);
