@@ -2,14 +2,18 @@
 
     python tools/kernel_times.py --mode bwd --shapes "2,64,4096,128;16,16,2048,64"
     python tools/kernel_times.py --mode bwd --impl fa-sm90,fa3 --dtype bfloat16 --causal both
-    python tools/kernel_times.py --suite decode --impl fa,cudnn,fa3 --dtype float16
+    python tools/kernel_times.py --suite decode --impl fa,fa-fp8,fa3 --dtype bfloat16
 
 For each case and implementation the call (dense_suite.case_call: the forward, or the backward
 alone, as bench.py times it) runs a few times under torch.profiler after a warm-up;
 each kernel's device time is averaged over the repeats. The rows say how much of the call each
-kernel is (the pre- and post-passes of a backward beside its main kernel). The call's own time,
-gaps between kernels included, is bench.py's: once the profiler has run, launches in the same
-process are slower, so this script times nothing with events.
+kernel is (the pre- and post-passes of a backward beside its main kernel), and a call's span:
+from its first kernel's start to its last one's end, the gaps between its kernels included (not
+the launch before the first). The call's own time is bench.py's: once the profiler has run,
+launches in the same process are slower, so this script times nothing with events. In the decode
+suite fa-fp8 is fa with the cache in e4m3 (decode_suite's). A kernel launched as a dependent
+(split-KV's combine on sm90: common/grid_dependency.h) starts early and waits for the one before
+it: its time includes that wait, and the span is the call's measure.
 """
 
 import argparse
@@ -27,7 +31,8 @@ REPEATS = 10
 
 
 def kernel_times(call, repeats=REPEATS):
-    """{kernel name: mean µs per call} over `repeats` calls, and the kernels' total."""
+    """{kernel name: mean µs per call} over `repeats` calls, the kernels' total, and a call's span (from
+    its first kernel's start to its last one's end: the kernels and the gaps between them)."""
     from torch.profiler import ProfilerActivity, profile
 
     call()
@@ -37,18 +42,24 @@ def kernel_times(call, repeats=REPEATS):
             call()
         torch.cuda.synchronize()
     totals = collections.defaultdict(float)
+    kernels = []
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0:
             totals[event.name] += event.device_time
+            kernels.append((event.time_range.start, event.time_range.end))
     times = {name: us / repeats for name, us in totals.items()}
-    return times, sum(times.values())
+    kernels.sort()
+    per_call = len(kernels) // repeats  # the same kernels in the same order each call
+    spans = [kernels[i + per_call - 1][1] - kernels[i][0] for i in range(0, per_call * repeats, per_call)]
+    return times, sum(times.values()), sum(spans) / len(spans) if spans else 0.0
 
 
 def print_kernel_rows(impl: str, call) -> None:
-    times, total = kernel_times(call)
+    times, total, span = kernel_times(call)
     for name, us in sorted(times.items(), key=lambda kv: -kv[1]):
         print(f"| {impl} | {short_name(name)} | {us:.1f} | {us / total:.1%} |")
     print(f"| {impl} | **the kernels' sum** | {total:.1f} | |")
+    print(f"| {impl} | **a call's span** (first kernel's start to last one's end) | {span:.1f} | |")
 
 
 def decode_kernel_times(args) -> int:
@@ -61,14 +72,15 @@ def decode_kernel_times(args) -> int:
         dtype = getattr(torch, dtype_name)
         for case in decode_suite.DECODE_CASES:
             inputs = decode_suite.make_inputs(case, dtype)
-            gb = case.kv_bytes(inputs[0].element_size()) / 1e9
-            print(f"\n### decode {dtype_name} {case.label()} ({gb:.3f} GB of K and V)")
+            gb = case.kv_bytes(inputs[1].element_size()) / 1e9
+            print(f"\n### decode {dtype_name} {case.label()} ({gb:.3f} GB of K and V; fa-fp8: half)")
             print("| impl | kernel | µs | share |\n|---|---|---|---|")
             for impl in (args.impl or "fa,fa3,cudnn").split(","):
                 try:
                     fn = decode_suite.make_decode_impl(impl, case)
+                    call_inputs = decode_suite.fp8_inputs(inputs)[0] if impl == "fa-fp8" else inputs
                     with torch.no_grad():
-                        print_kernel_rows(impl, lambda fn=fn, inputs=inputs: fn(*inputs))
+                        print_kernel_rows(impl, lambda fn=fn, call_inputs=call_inputs: fn(*call_inputs))
                 except (ImportError, RuntimeError) as err:
                     print(f"| {impl} | unavailable: {str(err).splitlines()[0][:80]} | | |")
             del inputs
