@@ -17,7 +17,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 import bench  # noqa: E402
 import decode_suite  # noqa: E402
 import dense_suite  # noqa: E402
+import flush_cost  # noqa: E402
 import host_time  # noqa: E402
+import kernel_times  # noqa: E402
 import profile_ncu as fa_profile  # noqa: E402
 import ring_bench  # noqa: E402
 import sustained  # noqa: E402
@@ -391,6 +393,23 @@ def test_mismatch_check_catches_a_wrong_kernel():
     assert len(mismatches) == 3 and "fa-sm90 differs from FA3" in mismatches[2]
     dense_suite.check_fa(case, {"fa-sm90": good}, mismatches)
     assert len(mismatches) == 4 and "no SDPA or FA3 result" in mismatches[3]
+
+
+def test_kernel_times_span_of_a_call():
+    """Two calls of two kernels each (the second call's overlapping: a dependent launch): each span
+    from its first kernel's start to its last one's end."""
+    kernels = [(30.0, 35.0), (0.0, 10.0), (32.0, 50.0), (5.0, 20.0)]
+    assert kernel_times.mean_call_span(kernels, 2) == 20.0
+    assert kernel_times.mean_call_span([], 2) == 0.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="timing decode calls needs a GPU")
+def test_flush_cost_times_a_row_three_ways(capsys):
+    assert flush_cost.main(["--rows", "2", "--impl", "fa", "--calls", "5"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| B32") and "| fa |" in line]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert len(cells) == 7 and all(c.endswith("%)") for c in cells[2:5])
 
 
 def test_host_time_splits_each_iteration_of_a_trace():

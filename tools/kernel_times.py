@@ -48,10 +48,19 @@ def kernel_times(call, repeats=REPEATS):
             totals[event.name] += event.device_time
             kernels.append((event.time_range.start, event.time_range.end))
     times = {name: us / repeats for name, us in totals.items()}
-    kernels.sort()
-    per_call = len(kernels) // repeats  # the same kernels in the same order each call
+    return times, sum(times.values()), mean_call_span(kernels, repeats)
+
+
+def mean_call_span(kernels, repeats: int) -> float:
+    """The mean span of a call: `kernels` holds the (start, end) of every kernel of `repeats` calls
+    that each run the same kernels; a call's span runs from its first kernel's start to the end of
+    its last one (in start order)."""
+    kernels = sorted(kernels)
+    per_call = len(kernels) // repeats if repeats else 0
+    if per_call == 0:
+        return 0.0
     spans = [kernels[i + per_call - 1][1] - kernels[i][0] for i in range(0, per_call * repeats, per_call)]
-    return times, sum(times.values()), sum(spans) / len(spans) if spans else 0.0
+    return sum(spans) / len(spans)
 
 
 def print_kernel_rows(impl: str, call) -> None:
