@@ -12,8 +12,8 @@ timed three ways, in one process:
   no flush between the calls and no launch work, the GPU's time alone.
 
 Each as µs a call and as K and V bytes over the copy bandwidth (decode_suite's measure). write minus
-read is what the flush's dirty lines cost the call; read minus graph what remains of a call on its
-own (its kernels' launches, the split-KV combine's start).
+read is what the flush's dirty lines cost the call; read minus graph what a call on its own costs
+beyond its replay (its launches, and whatever else differs between the two: the card's clock).
 """
 
 import argparse
