@@ -50,12 +50,16 @@ CUTE_DEVICE int fp16_row_shift(float row_max_abs) {
 // 2^k for k in [-126, 127], exactly.
 CUTE_DEVICE float exact_exp2(int k) { return __int_as_float((k + 127) << 23); }
 
-// A bf16 pair (low half first) times factor, as an fp16 pair (round to nearest).
-CUTE_DEVICE uint32_t bf16x2_to_scaled_half2(uint32_t x, float factor) {
-  const float lo = __uint_as_float(x << 16) * factor, hi = __uint_as_float(x & 0xFFFF0000u) * factor;
+// Two floats as an fp16 pair, lo in the low half (round to nearest).
+CUTE_DEVICE uint32_t half2_of(float lo, float hi) {
   uint32_t h;
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi), "f"(lo));
   return h;
+}
+
+// A bf16 pair (low half first) times factor, as an fp16 pair (round to nearest).
+CUTE_DEVICE uint32_t bf16x2_to_scaled_half2(uint32_t x, float factor) {
+  return half2_of(__uint_as_float(x << 16) * factor, __uint_as_float(x & 0xFFFF0000u) * factor);
 }
 
 // The largest magnitude of a bf16 pair.
