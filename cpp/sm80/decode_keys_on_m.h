@@ -43,7 +43,6 @@ CUTE_DEVICE uint32_t transpose_8x8(uint32_t x) {
   return y;
 }
 
-// Two floats as an fp16 pair (lo in the low half), rounded to nearest.
 // d += a · b, one m16n8k16 fp16 mma with fp32 accumulators.
 CUTE_DEVICE void mma_m16n8k16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   cute::SM80_16x8x16_F32F16F16F32_TN::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3], b0, b1,
