@@ -12,6 +12,18 @@ def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _below_autograd(op, *args):
+    """op(*args) past the autograd layer, for a call that wants no gradient. torch.library's
+    registration puts a Python function there (the autograd formula's wrapper, or for the KV-cache
+    op the one that refuses a backward) whose host time every call pays, which decoding at small
+    batches feels (docs/performance.md, "A whole model through transformers"). Under torch.compile
+    the op is called as it is."""
+    if torch.compiler.is_compiling():
+        return op(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
 def _window(window_size) -> Tuple[int, int]:
     """window_size as the ops take it: two ints, -1 for an unbounded side."""
     try:
@@ -127,7 +139,7 @@ def attention(
         _check_differentiable("fa.attention", q)  # before the forward runs
         out, lse = _Attention.apply(*args, _deterministic(deterministic))
     else:
-        out, lse = torch.ops.fa.forward.default(*args)
+        out, lse = _below_autograd(torch.ops.fa.forward.default, *args)
     return (out, lse) if return_lse else out
 
 
@@ -188,7 +200,7 @@ def attention_varlen(
         _check_differentiable("fa.attention_varlen", q)
         out, lse = _AttentionVarlen.apply(*args, _deterministic(deterministic))
     else:
-        out, lse = torch.ops.fa.forward_varlen.default(*args)
+        out, lse = _below_autograd(torch.ops.fa.forward_varlen.default, *args)
     return (out, lse) if return_lse else out
 
 
@@ -248,7 +260,10 @@ def attention_kvcache(
         ``out`` with q's shape (and v's head dim), or ``(out, lse)`` with ``lse`` ``(B, Hq, Sq)``
         float32.
     """
-    out, lse = torch.ops.fa.forward_kvcache(q, k_cache, v_cache, cache_seqlens, page_table, scale, causal, num_splits,
-                                            *_window(window_size), float(softcap), sinks, cache_leftpad,
-                                            k_descale, v_descale)
+    args = (q, k_cache, v_cache, cache_seqlens, page_table, scale, causal, num_splits, *_window(window_size),
+            float(softcap), sinks, cache_leftpad, k_descale, v_descale)
+    if _needs_grad(q, k_cache, v_cache, sinks, k_descale, v_descale):
+        out, lse = torch.ops.fa.forward_kvcache.default(*args)  # its autograd refuses a backward
+    else:
+        out, lse = _below_autograd(torch.ops.fa.forward_kvcache.default, *args)
     return (out, lse) if return_lse else out

@@ -120,12 +120,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         if key.shape[2] > mask.shape[1]:
             key, value = key[:, :, :mask.shape[1]], value[:, :, :mask.shape[1]]
         if seqlen_q <= DECODE_QUERIES and seqlen_q < mask.shape[1] and not needs_grad and _one_run_per_row(mask):
-            # Decoding: entry b's keys are the run [leftpad_b, used_b) of its cache (left padding
-            # before it, a static cache's unfilled slots after it), its queries the run's last.
-            columns = torch.arange(mask.shape[1], device=mask.device)  # int64: Inductor's int32 reductions fail
-            used = torch.where(mask, columns + 1, 0).amax(-1)
-            leftpad = torch.minimum(torch.where(mask, columns, mask.shape[1]).amin(-1), used)
-            used, leftpad = used.to(torch.int32), leftpad.to(torch.int32)
+            used, leftpad = _decode_run(mask)
             out = fa.attention_kvcache(query, key, value, used, cache_leftpad=leftpad, **options)
             return out.transpose(1, 2), None
         return _padded_attention(query, key, value, mask, training), None
@@ -139,7 +134,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             return out.view(batch, seqlen_q, heads_q, head_dim), None
 
     if seqlen_q <= DECODE_QUERIES and seqlen_q < key.shape[2] and not needs_grad:  # decoding, no padding
-        used = torch.full((batch,), key.shape[2], dtype=torch.int32, device=query.device)
+        used = _filled(batch, key.shape[2], query.device)
         return fa.attention_kvcache(query, key, value, used, **options).transpose(1, 2), None
     return fa.attention(query, key, value, **training).transpose(1, 2), None
 
@@ -220,6 +215,44 @@ def _one_run_per_row(mask: torch.Tensor) -> bool:
         return bool((rises.sum(-1) + mask[:, 0] <= 1).all())
 
     return _derived.get(mask, "runs", compute)
+
+
+def _decode_run(mask: torch.Tensor):
+    """(used, leftpad), int32 (B,): entry b's keys are the run [leftpad_b, used_b) of its cache
+    (left padding before it, a static cache's unfilled slots after it), its queries the run's
+    last. Made on the device (no host read), once per mask outside torch.compile and CUDA graph
+    captures."""
+    def compute():
+        columns = torch.arange(mask.shape[1], device=mask.device)  # int64: Inductor's int32 reductions fail
+        used = torch.where(mask, columns + 1, 0).amax(-1)
+        leftpad = torch.minimum(torch.where(mask, columns, mask.shape[1]).amin(-1), used)
+        return used.to(torch.int32), leftpad.to(torch.int32)
+
+    return compute() if _tracing(mask.device) else _derived.get(mask, "run", compute)
+
+
+def _tracing(device) -> bool:
+    """Under torch.compile or inside a CUDA graph's capture: a tensor made there must not be kept
+    for calls outside it (in a capture its values are written only when the graph replays)."""
+    return torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+_filled_lengths = {}
+
+
+def _filled(batch: int, keys: int, device) -> torch.Tensor:
+    """torch.full((batch,), keys) as int32: every entry's cache filled up to `keys`. Made once per
+    (batch, keys, device) and shared by the layers of a decoding step (the last few kept; the
+    kernels only read it), outside torch.compile and CUDA graph captures."""
+    if _tracing(device):
+        return torch.full((batch,), keys, dtype=torch.int32, device=device)
+    slot = (batch, keys, device)
+    lengths = _filled_lengths.get(slot)
+    if lengths is None:
+        if len(_filled_lengths) >= 8:
+            _filled_lengths.pop(next(iter(_filled_lengths)))
+        lengths = _filled_lengths[slot] = torch.full((batch,), keys, dtype=torch.int32, device=device)
+    return lengths
 
 
 def _unpad_data(mask: torch.Tensor):
