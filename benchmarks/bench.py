@@ -81,6 +81,9 @@ def parse_args(argv=None):
     p.add_argument("--clocks", action=argparse.BooleanOptionalAction, default=True,
                    help="sample the SM clock and board power with nvidia-smi every 50 ms and give each result "
                         "their means over its timings (dense shapes; --no-clocks: no sampling process)")
+    p.add_argument("--small-caches", action="store_true",
+                   help="--suite decode: batch 1 and 8 caches of 160 to 16384 keys (decode_suite.SMALL_DECODE_CASES), "
+                        "bound by latency: compare the times")
     p.add_argument("--graphs", action="store_true",
                    help="--suite decode: time each implementation's calls replayed in a CUDA graph (the GPU's "
                         "time without the host's; benchmarks/decode_suite.py)")
@@ -265,7 +268,8 @@ def main_varlen(args, meta) -> int:
 
 def main_decode(args, meta) -> int:
     print(header(meta), flush=True)
-    rows, mismatches, bandwidth = decode_suite.run_decode_suite(args.dtypes, args.impl, graphs=args.graphs)
+    cases = decode_suite.SMALL_DECODE_CASES if args.small_caches else None
+    rows, mismatches, bandwidth = decode_suite.run_decode_suite(args.dtypes, args.impl, cases, graphs=args.graphs)
     print(decode_suite.decode_table(rows, bandwidth))
     print("\nK+V GB/s = the bytes of the cache's keys and values the call reads / time; 'of copy': that over the "
           "copy bandwidth above." + (f" Times: a call within a replayed CUDA graph of {decode_suite.GRAPH_CALLS} "

@@ -347,6 +347,9 @@ def test_decode_suite_rows_and_bytes():
     args = bench.parse_args(["--suite", "decode"])
     assert args.impl == decode_suite.DECODE_IMPLS and not args.graphs
     assert bench.parse_args(["--suite", "decode", "--graphs"]).graphs
+    assert not args.small_caches and bench.parse_args(["--suite", "decode", "--small-caches"]).small_caches
+    small = [c.label() for c in decode_suite.SMALL_DECODE_CASES]
+    assert "B1 Hq32 Hk8 Sq1 D64 160 keys, contiguous" in small and "B8 Hq32 Hk8 Sq1 D128 1024 keys, contiguous" in small
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

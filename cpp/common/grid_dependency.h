@@ -16,14 +16,14 @@
 
 #include <cuda_runtime.h>  // cudaLaunchKernelEx
 
-#include "common/per_device.h"
+#include "fa/per_device.h"
 
 namespace fa {
 
 // Whether a dependent launch of kKernel on the current device is exact: the code the device runs
 // was compiled for sm90 or later, so its wait_for_prior_grid is a griddepcontrol.wait (code
 // JIT-compiled from an older arch's PTX has none, and would read the prior grid's results before
-// they are complete). Asked of the runtime once per device (common/per_device.h).
+// they are complete). Asked of the runtime once per device (fa/per_device.h).
 template <auto kKernel>
 bool dependent_launch_exact() {
   return once_per_device([](int) {  // 0: unknown; 1: no; 2: yes

@@ -6,6 +6,7 @@
 #include "common/backward_rows.h"
 #include "common/element.h"
 #include "fa/kernels.h"
+#include "fa/per_device.h"
 #include "sm80/bwd_config.h"
 #include "sm80/bwd_kernel.h"
 
@@ -36,16 +37,17 @@ cudaError_t launch_backward(const BackwardParams& params, cudaStream_t stream) {
   cudaError_t err = launch_backward_preprocess<Element, kHeadDim>(params, stream);
   if (err != cudaSuccess) return err;
 
-  auto kernel = &backward_kernel<Config, kCausal, kSoftcap>;
+  constexpr auto kernel = &backward_kernel<Config, kCausal, kSoftcap>;
   // Before sm90 the kernel reduces dQ from registers and never touches the staging buffer: leave
   // it out, so the rest fits an A100's 163 KB.
-  int device = 0, major = 0;
+  int device = 0;
   err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (err != cudaSuccess) return err;
-  const int smem = Config::kSmemBytes - (major < 9 ? Config::kSmemdQBytes : 0);
+  const int capability = device_capability(device);
+  if (capability == 0) return cudaErrorInvalidDevice;
+  const int smem = Config::kSmemBytes - (capability < 90 ? Config::kSmemdQBytes : 0);
   if (smem > 48 * 1024) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    err = opt_in_shared_memory<kernel>(smem);
     if (err != cudaSuccess) return err;
   }
   const dim3 grid((params.seqlen_k + Config::kBlockN - 1) / Config::kBlockN, params.heads_kv, params.batch);

@@ -7,6 +7,7 @@
 #include "common/element.h"
 #include "common/split_kv.h"
 #include "fa/kernels.h"
+#include "fa/per_device.h"
 #include "sm80/fwd_config.h"
 #include "sm80/fwd_kernel.h"
 
@@ -29,16 +30,15 @@ template <> struct ForwardTile<96>  { static constexpr int kBlockM = 128, kBlock
 template <> struct ForwardTile<128> { static constexpr int kBlockM = 128, kBlockN = 32, kWarps = 4, kStages = 2; };
 template <> struct ForwardTile<256> { static constexpr int kBlockM = 128, kBlockN = 64, kWarps = 8, kStages = 1; };
 
-// Launches `kernel` with kSmem bytes of dynamic shared memory (opting in above 48 KB) and, with
-// kCombine (a KV-cache call) split among CTAs, split-KV's combine pass after it.
-template <class Element, int kSmem, bool kCombine, class Kernel>
-cudaError_t launch_with_smem(Kernel kernel, dim3 grid, int threads, const ForwardParams& params,
-                             cudaStream_t stream) {
+// Launches kKernel with kSmem bytes of dynamic shared memory (opting in above 48 KB, once per
+// device) and, with kCombine (a KV-cache call) split among CTAs, split-KV's combine pass after it.
+template <class Element, int kSmem, bool kCombine, auto kKernel>
+cudaError_t launch_with_smem(dim3 grid, int threads, const ForwardParams& params, cudaStream_t stream) {
   if constexpr (kSmem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    const cudaError_t err = opt_in_shared_memory<kKernel>(kSmem);
     if (err != cudaSuccess) return err;
   }
-  kernel<<<grid, threads, kSmem, stream>>>(params);
+  kKernel<<<grid, threads, kSmem, stream>>>(params);
   cudaError_t err = cudaGetLastError();
   if constexpr (kCombine) {
     if (err == cudaSuccess && params.num_splits > 1) err = launch_combine_splits<Element>(params, stream);
@@ -54,8 +54,8 @@ cudaError_t launch_forward(const ForwardParams& params, cudaStream_t stream) {
   const int rows = kDecode ? params.seqlen_q * (params.heads_q / params.heads_kv) : params.seqlen_q;
   const dim3 grid((rows + Config::kBlockM - 1) / Config::kBlockM, kDecode ? params.heads_kv : params.heads_q,
                   params.batch * (kDecode ? params.num_splits : 1));
-  return launch_with_smem<typename Config::Element, Config::kSmemBytes, kDecode>(
-      &forward_kernel<Config, kCausal, kSoftcap, kDecode>, grid, Config::kThreads, params, stream);
+  return launch_with_smem<typename Config::Element, Config::kSmemBytes, kDecode,
+                          &forward_kernel<Config, kCausal, kSoftcap, kDecode>>(grid, Config::kThreads, params, stream);
 }
 
 template <class Element, int kHeadDim>

@@ -13,9 +13,9 @@
 #include <cuda_runtime_api.h>
 
 #include "common/element.h"
-#include "common/per_device.h"
 #include "common/split_kv.h"
 #include "fa/kernels.h"
+#include "fa/per_device.h"
 #include "sm80/decode_kernel.h"
 #include "sm80/fwd_config.h"
 #include "sm80/fwd_kernel.h"
@@ -59,15 +59,15 @@ template <class Config>
 cudaError_t launch_decode(const ForwardParams& params, cudaStream_t stream) {
   const int rows = params.seqlen_q * (params.heads_q / params.heads_kv);
   const dim3 grid((rows + Config::kRows - 1) / Config::kRows, params.heads_kv, params.batch * params.num_splits);
-  return launch_with_smem<typename Config::Element, Config::kSmemBytes, true>(&decode_kernel<Config>, grid,
-                                                                               Config::kThreads, params, stream);
+  return launch_with_smem<typename Config::Element, Config::kSmemBytes, true, &decode_kernel<Config>>(
+      grid, Config::kThreads, params, stream);
 }
 
 // The shared memory a CTA may opt in to on this device (227 KB on the H100, 163 KB on the A100,
 // 99 KB on sm86/sm89), or less where the environment variable FA_MAX_SHARED_MEMORY (bytes) says
 // so: the KV-cache dispatch then picks the tiles a GPU with that much would get, which is how the
 // tests run an RTX 30/40's choice on a larger GPU. 0 where the runtime cannot say. The device's
-// figure is asked of the runtime once per device (common/per_device.h).
+// figure is asked of the runtime once per device (fa/per_device.h).
 inline int smem_optin_bytes() {
   int optin = once_per_device([](int device) {
     int bytes = 0;

@@ -19,6 +19,7 @@
 #include "checks.h"
 #include "fa/build_config.h"
 #include "fa/kernels.h"
+#include "fa/per_device.h"
 #include "outputs.h"
 
 namespace fa::torch_binding {
@@ -30,12 +31,11 @@ void check_cuda(cudaError_t err, const char* op) {
   FA_CHECK(err == cudaSuccess, op, ": CUDA error: ", cudaGetErrorString(err));
 }
 
-// The device's compute capability as one number: 80, 86, 90.
+// The device's compute capability as one number: 80, 86, 90 (asked of the runtime once per device).
 int device_capability(const Tensor& t, const char* op) {
-  int major = 0, minor = 0;
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.get_device_index()), op);
-  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.get_device_index()), op);
-  return major * 10 + minor;
+  const int capability = fa::device_capability(t.get_device_index());
+  FA_CHECK(capability != 0, op, ": the CUDA runtime could not say the compute capability of ", device_name(t));
+  return capability;
 }
 
 // torch's current stream on the tensor's device: the kernels run on it (CUDA graphs capture them).
@@ -677,20 +677,25 @@ std::tuple<Tensor, Tensor> forward_varlen_cuda(const Tensor& q_in, const Tensor&
   return {o.out, o.lse};
 }
 
-// Split-KV's default for a KV-cache call: split only while the CTAs do not outnumber the SMs, at
-// most one split per 256 keys of the cache's capacity and kMaxSplits. Measured on the H100
-// (docs/tried.md, decoding): a split count that gives each SM one decode CTA is the best or level with
-// the best (B1, 8 kv heads, 131072 keys: 90% of the copy bandwidth with 16 splits, 88% with 33,
-// 80% with 24), and a second split where the CTAs already fill the GPU costs 1-9%. With a window
-// the keys counted are the window's (a row sees at most window_left + 1 of them).
+// Split-KV's default for a KV-cache call. A split pays for itself where it shortens each CTA's run
+// of keys by more than its combine pass costs (about 2-3 us): a cache of fewer than 1024 keys runs
+// unsplit; a grid too small to keep the memory busy splits into about one CTA per SM, at most one
+// split per 128 keys (a step of the 16-row tiles at D = 128); a grid that reaches a third of the
+// SMs, into at most one split per 2048 keys; never more than kMaxSplits. With a window the keys
+// counted are the window's (a row sees at most window_left + 1 of them). Measured on the H100 in
+// CUDA graphs (docs/tried.md, decoding): B1 Hk8 D128: 160 keys 5.4 us unsplit, 6.3 with 2 splits;
+// 1024 keys 9.9 unsplit, 8.0 with 4 splits, 6.9 with 8; B8 Hk8: 1024 keys 11.9 unsplit, 15.2 with 2
+// splits; B6 Hk8 at 8192 keys 78.6 unsplit, 72.2 with 2. B1 at 131072 keys: 90% of the copy
+// bandwidth with 16 splits, 88% with 33, 80% with 24.
 int64_t default_splits(const KVCacheShape& s, const Variant& v, const Tensor& q) {
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device_index()), "fa.forward_kvcache");
+  const int64_t keys = v.window_left >= 0 ? std::min(s.seqlen_k, v.window_left + s.seqlen_q) : s.seqlen_k;
+  const int64_t sms = device_sm_count(q.get_device_index());  // 0 where the runtime cannot say: unsplit
   // A CTA per kv head and decode_block_m rows of its group's queries (the decode kernels pack them).
   const int64_t rows = s.group_size() * s.seqlen_q;
   const int64_t ctas = s.batch * s.heads_kv * ((rows + decode_block_m(rows) - 1) / decode_block_m(rows));
-  const int64_t keys = v.window_left >= 0 ? std::min(s.seqlen_k, v.window_left + s.seqlen_q) : s.seqlen_k;
-  return std::max<int64_t>(1, std::min({sms / ctas, (keys + 255) / 256, kMaxSplits}));
+  if (keys < 1024 || ctas >= sms) return 1;
+  const int64_t keys_per_split = 3 * ctas > sms ? 2048 : 128;
+  return std::max<int64_t>(1, std::min({sms / ctas, keys / keys_per_split, kMaxSplits}));
 }
 
 // An FP8 cache's kernel head dim for a call (the smallest of FA_FP8_KV_HEAD_DIMS holding q's and k's
