@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tools"))
 import bench  # noqa: E402
+import decode_in_step  # noqa: E402
 import decode_suite  # noqa: E402
 import dense_suite  # noqa: E402
 import flush_cost  # noqa: E402
@@ -413,6 +414,16 @@ def test_flush_cost_times_a_row_three_ways(capsys):
     assert len(rows) == 1
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert len(cells) == 7 and all(c.endswith("%)") for c in cells[2:5])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="timing decode calls needs a GPU")
+def test_decode_in_step_times_each_case_alone_and_in_a_step(capsys):
+    assert decode_in_step.main(["--impl", "fa", "--layers", "2", "--mlp-width", "512"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| D")]
+    assert len(rows) == len(decode_in_step.CASES)
+    for row in rows:
+        cells = [float(c) for c in row.strip("|").split("|")[1:]]
+        assert len(cells) == 3 and cells[0] > 0 and cells[1] > 0, row  # MLP, fa alone, fa in step
 
 
 def test_host_time_splits_each_iteration_of_a_trace():

@@ -146,12 +146,10 @@ __global__ void __launch_bounds__(Config::kThreads)
   Tensor sKg = make_tensor(make_smem_ptr(reinterpret_cast<ElementQK*>(warp_smem)), typename Config::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<ElementPV*>(warp_smem + Config::kKVInBytes * kStages)),
                            typename Config::SmemLayoutVt{});
-  // A view of buffer `stage`: a compile-time constant for 16-bit caches (an immediate offset, a
-  // whole number of swizzle periods); a run-time one for FP8 caches, whose buffers only the copies
-  // and the fragments' loads address (with four buffers, twelve instances of the step as for 16-bit
-  // ones were not inlined: ptxas put its accumulators on a 1.8 KB stack frame).
-  auto pick = [](auto stage, auto const& buffer0) {
-    return make_tensor(buffer0.data() + int(stage) * kKVElems, buffer0.layout());
+  // A view of buffer `stage` (a whole number of swizzle periods on): a run-time index, so the
+  // kernel holds one copy of the step, not one a buffer (see the mainloop below).
+  auto pick = [](int stage, auto const& buffer0) {
+    return make_tensor(buffer0.data() + stage * kKVElems, buffer0.layout());
   };
 
   typename Config::GmemCopy gmem_copy;  // the query rows
@@ -182,7 +180,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   // look up each group of kPageRows keys once (a page holds whole groups), for K's rows and V's;
   // a 16-bit cache's each row (docs/tried.md: with the group look-up and O's rescale as a branch,
   // the 16-bit tiles' paged-16 row ran 8% slower).
-  auto load_slice = [&](int n, auto stage, auto check_rows) {
+  auto load_slice = [&](int n, int stage, auto check_rows) {
     const int slice = n * kWarps + warp;
     const int keys_left = seq.seqlen_k - slice * kWarpKeys;
     if (params.page_table != nullptr) {
@@ -243,19 +241,6 @@ __global__ void __launch_bounds__(Config::kThreads)
     copy_tile_zero_fill<kCheck>(gmem_copy_kv, tKgK(_, _, _, slice), pick(stage, tKsK), tKVcKV, col_ok, keys_left);
     copy_tile_zero_fill<kCheck>(gmem_copy_kv, tVgV(_, _, _, slice), pick(stage, tVsV), tKVcKV, col_ok_v, keys_left);
   };
-  // Calls fn with the buffer of key tile n (n % kStages), a compile-time constant but for FP8.
-  auto in_buffer_of = [](int n, auto&& fn) {
-    const int buffer = n % kStages;
-    if constexpr (kFp8) {
-      fn(buffer);
-      return;
-    }
-    if (kStages > 3 && buffer == 3) fn(Int<(kStages > 3 ? 3 : 0)>{});
-    else if (kStages > 2 && buffer == 2) fn(Int<(kStages > 2 ? 2 : 0)>{});
-    else if (buffer == 1) fn(_1{});
-    else fn(_0{});
-  };
-
   // Warp 0 copies the query rows (zero-filling those past the group's), as a commit group of its own.
   if (warp == 0) {
     copy_rows_zero_fill(gmem_copy, [&](int r) { return tile_rows.q_row(r); }, gmem_thr.partition_D(sQ), tQcQ,
@@ -264,11 +249,11 @@ __global__ void __launch_bounds__(Config::kThreads)
   }
   // Tiles n … n-(kStages-2), a commit group each (empty where there is no tile).
   int n = tile_end - 1;
-  if (n >= tile_begin) in_buffer_of(n, [&](auto stage) { load_slice(n, stage, true_type{}); });
+  if (n >= tile_begin) load_slice(n, n % kStages, true_type{});
   cp_async_fence();
   CUTE_UNROLL
   for (int ahead = 1; ahead <= kStages - 2; ++ahead) {
-    if (n - ahead >= tile_begin) in_buffer_of(n - ahead, [&](auto stage) { load_slice(n - ahead, stage, false_type{}); });
+    if (n - ahead >= tile_begin) load_slice(n - ahead, (n - ahead) % kStages, false_type{});
     cp_async_fence();
   }
 
@@ -322,27 +307,28 @@ __global__ void __launch_bounds__(Config::kThreads)
   }
   // The start of every step on key tile n (in buffer `stage`): wait for this warp's slices of it,
   // and issue tile n-(kStages-1)'s into tile n+1's buffer, which this warp is done with.
-  auto next_slices = [&](int n, auto stage) {
+  auto next_slices = [&](int n, int stage) {
     cp_async_wait<kStages - 2>();
     __syncwarp();
     if (n - (kStages - 1) >= tile_begin) {
-      if constexpr (kFp8) {
-        load_slice(n - (kStages - 1), stage + 1 == kStages ? 0 : stage + 1, false_type{});
-      } else {
-        load_slice(n - (kStages - 1), Int<(decltype(stage)::value + 1) % kStages>{}, false_type{});
-      }
+      load_slice(n - (kStages - 1), stage + 1 == kStages ? 0 : stage + 1, false_type{});
     }
     cp_async_fence();
   };
-  // The mainloop: step(n, masked, stage) on the key tiles from the last to the first. The tile may
-  // hold position 0, which sees the fewest keys, and the last position, which a left bound hides
-  // the most keys from: the three runs of common/attention_mask.h.
+  // The mainloop: step(n, masked, stage) on the key tiles from the last to the first, tile n in
+  // buffer n % kStages. The tile may hold position 0, which sees the fewest keys, and the last
+  // position, which a left bound hides the most keys from: the tiles of the first and third runs
+  // of common/attention_mask.h are masked. Both `masked` and the buffer are run-time values, so
+  // the step is compiled once: a decode call is short and runs between a model's other kernels,
+  // which leave its code out of the caches, and a copy of the step for each buffer and mask (4–8)
+  // made the kernel 150–230 KB of code, fetched anew at each call (docs/performance.md).
   const int first_masked = mask.first_masked_tile(0, kBlockN);
   const int left_masked = mask.left_masked_tiles(seq.seqlen_q, kBlockN);
   auto walk = [&](auto&& step) {
-    for (; n >= max(first_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
-    for (; n >= max(left_masked, tile_begin); --n) in_buffer_of(n, [&](auto stage) { step(n, false_type{}, stage); });
-    for (; n >= tile_begin; --n) in_buffer_of(n, [&](auto stage) { step(n, true_type{}, stage); });
+    for (; n >= tile_begin; --n) {
+      const bool masked = n >= first_masked || n < left_masked;
+      step(n, masked, n % kStages);
+    }
   };
   // Merge: each warp's normalised output and lse into shared memory, over the K/V buffers (once
   // every warp is done reading them), then combined over the warps.
@@ -358,14 +344,14 @@ __global__ void __launch_bounds__(Config::kThreads)
     clear(acc_o);
     OnlineSoftmax<2, 0, Tile::kRowLanes> softmax;
     const auto layout = typename Config::SmemLayoutKVIn{};
-    walk([&](int n, auto masked, auto stage) {
+    walk([&](int n, bool masked, int stage) {
       next_slices(n, stage);
       Tensor scores = make_tensor<float>(typename Tile::ScoreLayout{});
       tile.scores(reinterpret_cast<const uint8_t*>(raw_pointer_cast(pick(stage, sK).data())), layout, scores);
       CUTE_UNROLL
       for (int i = 0; i < size(scores); ++i) scores.data()[i] *= row_factors[i % 2];
       if (params.softcap_scale != 0.f) softcap_scores(scores, params.softcap_scale);
-      if constexpr (decltype(masked)::value) {
+      if (masked) {
         const int key0 = (n * kWarps + warp) * kWarpKeys;
         CUTE_UNROLL
         for (int i = 0; i < size(scores); ++i) {
@@ -476,8 +462,7 @@ __global__ void __launch_bounds__(Config::kThreads)
     OnlineSoftmax<kThreadRows> softmax;
 
     // One step on key tile n, held in buffer `stage`.
-    auto step = [&](int n, auto masked, auto stage) {
-      constexpr bool kMasked = decltype(masked)::value;
+    auto step = [&](int n, bool masked, int stage) {
       next_slices(n, stage);
 
       Tensor acc_s = partition_fragment_C(mma, STile{});
@@ -499,7 +484,7 @@ __global__ void __launch_bounds__(Config::kThreads)
       }
       // Soft-capping at run time: one instantiation serves every variant (common/softcap.h).
       if (params.softcap_scale != 0.f) softcap_scores(acc_s, params.softcap_scale);
-      if constexpr (kMasked) {  // packed rows: each row's position, not its index
+      if (masked) {  // packed rows: each row's position, not its index
         const int key0 = (n * kWarps + warp) * kWarpKeys;
         CUTE_UNROLL
         for (int i = 0; i < size(acc_s); ++i) {
