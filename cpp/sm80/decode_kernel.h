@@ -320,8 +320,8 @@ __global__ void __launch_bounds__(Config::kThreads)
   // position, which a left bound hides the most keys from: the tiles of the first and third runs
   // of common/attention_mask.h are masked. Both `masked` and the buffer are run-time values, so
   // the step is compiled once: a decode call is short and runs between a model's other kernels,
-  // which leave its code out of the caches, and a copy of the step for each buffer and mask (4–8)
-  // made the kernel 150–230 KB of code, fetched anew at each call (docs/performance.md).
+  // which leave its code out of the caches, and a copy of the step for each buffer and mask (4–6)
+  // made the kernel 148–235 KB of code, fetched anew at each call (docs/performance.md).
   const int first_masked = mask.first_masked_tile(0, kBlockN);
   const int left_masked = mask.left_masked_tiles(seq.seqlen_q, kBlockN);
   auto walk = [&](auto&& step) {
