@@ -1,11 +1,11 @@
 """What does a decoding call cost inside a model's step, between the layers' other kernels? The
-small-cache rows of the decode suite (batch 1, Hq 32, Hk 8, Sq 1), each timed two ways in CUDA
-graphs, in one process:
+batch-1 small-cache rows of the decode suite (Hq 32, Hk 8, Sq 1, bf16), each timed two ways in
+CUDA graphs, in one process:
 
     python tools/decode_in_step.py --impl fa,cudnn
 
 - alone: `--layers` calls back to back in one graph (as `bench.py --suite decode --graphs`), per
-  call: the kernel's code and the cache's bytes stay in the caches from one call to the next;
+  call: the kernel's code, and the cache's bytes where they fit, stay in L2 from one call to the next;
 - in step: `--layers` times [an MLP, the call] in one graph, minus the same graph without the calls,
   per call. The MLP is a Llama 3.2 1B layer's at batch 1 (2048 → 2 · 8192 → 2048, bf16: 100 MB of
   weights, twice the H100's L2), so each call starts with its code and its cache out of L2, as in a

@@ -146,8 +146,8 @@ __global__ void __launch_bounds__(Config::kThreads)
   Tensor sKg = make_tensor(make_smem_ptr(reinterpret_cast<ElementQK*>(warp_smem)), typename Config::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(reinterpret_cast<ElementPV*>(warp_smem + Config::kKVInBytes * kStages)),
                            typename Config::SmemLayoutVt{});
-  // A view of buffer `stage` (a whole number of swizzle periods on): a run-time index, so the
-  // kernel holds one copy of the step, not one a buffer (see the mainloop below).
+  // A view of buffer `stage` (buffer 0's layout, a whole number of swizzle periods further on). The
+  // index is a run-time value: the kernel holds one copy of the step, not one a buffer (the mainloop).
   auto pick = [](int stage, auto const& buffer0) {
     return make_tensor(buffer0.data() + stage * kKVElems, buffer0.layout());
   };
