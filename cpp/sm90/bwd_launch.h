@@ -16,9 +16,10 @@
 #include "common/grid_dependency.h"
 #include "common/element.h"
 #include "fa/kernels.h"
+#include "fa/per_device.h"
 #include "sm90/bwd_config.h"
 #include "sm90/bwd_kernel.h"
-#include "sm90/fwd_launch.h"  // tma_view, current_device_sms, opt_in_smem
+#include "sm90/fwd_launch.h"  // tma_view, current_device_sms
 #include "sm90/row_store.h"
 
 namespace fa::sm90 {
@@ -194,10 +195,9 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
                                       decltype(tma_dk), decltype(tma_dv)>;
   Params params{p, order, tma_q, tma_do, tma_k, tma_v, tma_dk, tma_dv};
 
-  auto kernel = &backward_kernel<Config, kCausal, kSoftcap, Params>;
+  constexpr auto kernel = &backward_kernel<Config, kCausal, kSoftcap, Params>;
   constexpr int kSmem = Config::kSmemBytes;
-  static PerDevice smem_opted_in;
-  err = opt_in_smem(smem_opted_in, kernel, kSmem);
+  err = opt_in_shared_memory<kernel>(kSmem);
   if (err != cudaSuccess) return err;
   // Both kernels after the pre-pass start as the kernel ahead of them drains (grid_dependency.h).
   err = launch_after_prior_grid(kernel, dim3(unsigned(grid)), dim3(Config::kThreads), kSmem, stream, params);

@@ -2,7 +2,7 @@
 // descriptors, the persistent grid and the shared-memory opt-in.
 #pragma once
 
-#include <atomic>
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
@@ -13,6 +13,7 @@
 #include "common/element.h"
 #include "common/sequence.h"
 #include "fa/kernels.h"
+#include "fa/per_device.h"
 #include "sm90/fwd_config.h"
 #include "sm90/fwd_kernel.h"
 #include "sm90/tile_scheduler.h"
@@ -99,54 +100,27 @@ auto transposed_tma_view(Pointer ptr, Strides s, int head_dim, int keys, int hea
                      make_stride(s.row, _1{}, tma_stride<Element>(s.head, heads), tma_stride<Element>(s.batch, batch)));
 }
 
-// Host-side facts and settings asked of the CUDA runtime once per device and cached (each runtime
-// call costs host time at every launch, and small calls are bound by it).
-inline constexpr int kMaxDevices = 64;
-
-// A value per device, 0 until set.
-struct PerDevice {
-  std::atomic<int> value[kMaxDevices] = {};
-
-  // value for the current device, computed by ask(int device, int& value) the first time.
-  template <class Ask>
-  cudaError_t get(int& out, Ask&& ask) {
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
-    if (device < kMaxDevices && (out = value[device].load(std::memory_order_relaxed)) != 0) return cudaSuccess;
-    err = ask(device, out);
-    if (err == cudaSuccess && device < kMaxDevices) value[device].store(out, std::memory_order_relaxed);
-    return err;
-  }
-};
+// Host-side facts asked of the CUDA runtime once per device (fa/per_device.h: each runtime call
+// costs host time at every launch, and small calls are bound by it).
 
 // The current device's SM count: the persistent kernels (forward and backward) launch about one
 // CTA per SM.
 inline cudaError_t current_device_sms(int& sms) {
-  static PerDevice known;
-  return known.get(sms, [](int device, int& v) {
-    return cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device);
-  });
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  sms = device_sm_count(device);
+  return sms != 0 ? cudaSuccess : cudaErrorInvalidDevice;
 }
 
 // The current device's memory bus width in bits (H100 SXM: 5120, HBM3 at 3.35 TB/s; H200: 6144,
 // HBM3e at 4.8 TB/s): the deterministic backward's L2 sections at head dim 256 (bwd_config.h).
 inline cudaError_t current_device_memory_bus_bits(int& bits) {
-  static PerDevice known;
-  return known.get(bits, [](int device, int& v) {
-    return cudaDeviceGetAttribute(&v, cudaDevAttrGlobalMemoryBusWidth, device);
+  bits = once_per_device([](int device) {
+    int v = 0;
+    return cudaDeviceGetAttribute(&v, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess ? v : 0;
   });
-}
-
-// Opts `kernel` in to `bytes` of dynamic shared memory on the current device, once per device:
-// `done` is a static of the launcher, so one per kernel.
-template <class Kernel>
-cudaError_t opt_in_smem(PerDevice& done, Kernel kernel, int bytes) {
-  int set = 0;
-  return done.get(set, [&](int, int& v) {
-    v = 1;
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  });
+  return bits != 0 ? cudaSuccess : cudaErrorInvalidDevice;
 }
 
 // CTA pairs (the non-causal forward at D ≥ 128 over dense batches whose heads have an even number
@@ -168,17 +142,16 @@ cudaError_t max_cta_pairs(Kernel kernel, cudaLaunchConfig_t& config, cudaLaunchA
   attribute[0].val.clusterDim.z = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  static PerDevice known;  // pairs + 1
-  int known_pairs = 0;
-  const cudaError_t err = known.get(known_pairs, [&](int, int& v) {
+  cudaError_t err = cudaSuccess;
+  const int known_pairs = once_per_device([&](int) {  // pairs + 1; 0: not known
     const dim3 grid = config.gridDim;
     config.gridDim = dim3(2, 1, 1);
-    const cudaError_t e = cudaOccupancyMaxActiveClusters(&v, kernel, &config);
+    int v = 0;
+    err = cudaOccupancyMaxActiveClusters(&v, kernel, &config);
     config.gridDim = grid;
-    ++v;
-    return e;
+    return err == cudaSuccess ? v + 1 : 0;
   });
-  pairs = known_pairs - 1;
+  pairs = std::max(known_pairs - 1, 0);
   return err;
 }
 
@@ -237,10 +210,9 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
                                            dynamic ? p.tile_counter : nullptr),
                 tma_q, tma_k, tma_v, tma_o, 1, PairCopy{}, PairCopy{}};
 
-  auto kernel = &forward_kernel<Config, kCausal, kSoftcap, Params>;
+  constexpr auto kernel = &forward_kernel<Config, kCausal, kSoftcap, Params>;
   constexpr int kSmem = Config::kSmemBytes;
-  static PerDevice smem_opted_in;
-  err = opt_in_smem(smem_opted_in, kernel, kSmem);
+  err = opt_in_shared_memory<kernel>(kSmem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(TileScheduler::grid_size(params.scheduler, sms), 1, 1);
