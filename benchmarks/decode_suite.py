@@ -166,8 +166,8 @@ def make_decode_impl(name: str, case: DecodeCase, num_splits: int = 0) -> Callab
     return run
 
 
-def time_graph_ms(fn: Callable[[], object]) -> float:
-    """Milliseconds a call of fn within the replay of a CUDA graph of GRAPH_CALLS calls of it."""
+def capture_graph(fn: Callable[[], object], calls: int = GRAPH_CALLS) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of `calls` calls of fn (fn run once before, on a side stream)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # (allocations made before the capture, as CUDA graphs want)
@@ -175,9 +175,14 @@ def time_graph_ms(fn: Callable[[], object]) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
+        for _ in range(calls):
             fn()
-    return time_ms(graph.replay) / GRAPH_CALLS
+    return graph
+
+
+def time_graph_ms(fn: Callable[[], object]) -> float:
+    """Milliseconds a call of fn within the replay of a CUDA graph of GRAPH_CALLS calls of it."""
+    return time_ms(capture_graph(fn).replay) / GRAPH_CALLS
 
 
 def run_decode_suite(dtypes: Sequence[str], impls: Optional[Sequence[str]] = None, cases=None,

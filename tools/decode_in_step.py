@@ -24,20 +24,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import decode_suite  # noqa: E402
 
-CASES = [(64, 160), (64, 1024), (64, 4096), (128, 160), (128, 1024), (128, 4096), (128, 16384)]
+CASES = [case for case in decode_suite.SMALL_DECODE_CASES if case.batch == 1]
 
 
 def graph_us(fn, replays: int = 30, repeats: int = 5) -> float:
-    """Median µs of one replay of a CUDA graph of fn (captured after a warm-up on a side stream)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    """Median µs of one replay of a CUDA graph of fn, the replays back to back (no flush between
+    them, unlike timing.time_ms: a flush would leave every call cold)."""
+    graph = decode_suite.capture_graph(fn, calls=1)
     for _ in range(10):
         graph.replay()
     times = []
@@ -73,8 +66,7 @@ def main(argv=None) -> int:
     print(f"# {torch.cuda.get_device_name()}; µs a call, {args.layers} a graph; MLP width {width}")
     print("| case | MLP alone | " + " | ".join(f"{i} alone | {i} in step" for i in impls) + " |")
     print("|---|---|" + "---|---|" * len(impls))
-    for head_dim, keys in CASES:
-        case = decode_suite.DecodeCase(1, 32, 8, 1, head_dim, keys)
+    for case in CASES:
         inputs = decode_suite.make_inputs(case, torch.bfloat16)
         mlp_only = graph_us(lambda: [mlp() for _ in range(args.layers)])
         cells = [f"{mlp_only / args.layers:.2f}"]
@@ -84,7 +76,7 @@ def main(argv=None) -> int:
                 alone = graph_us(lambda: [fn(*inputs) for _ in range(args.layers)])
                 both = graph_us(lambda: [(mlp(), fn(*inputs)) for _ in range(args.layers)])
             cells += [f"{alone / args.layers:.2f}", f"{(both - mlp_only) / args.layers:.2f}"]
-        print(f"| D{head_dim}, {keys} keys | " + " | ".join(cells) + " |", flush=True)
+        print(f"| D{case.head_dim}, {case.keys} keys | " + " | ".join(cells) + " |", flush=True)
     return 0
 
 
