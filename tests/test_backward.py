@@ -276,13 +276,15 @@ def test_gradients_where_a_warpgroup_sees_none_of_its_keys(device, case, causal)
 MAIN_KERNEL_PREPARES_CASES = [
     # (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype): more (batch, kv head) units
     # than the first two waves of the Hopper backward's key tiles need (on a GPU of up to ~150
-    # SMs), so that its pre-pass prepares the rows of the first units only and the main kernel's
-    # spare warps the others (delta, lse_log2, the zeroed dQ workspace or its claims), which its
-    # roles wait for; odd lengths, so the padded rows of a head's last row block too.
+    # SMs), so that at D = 64 and 256, where a row sees enough keys on average (576 and 1152:
+    # BackwardConfig::kRowsInMainKernelMinKeys), its pre-pass prepares the rows of the first units
+    # only and the main kernel's spare warps the others (delta, lse_log2, the zeroed dQ workspace or
+    # its claims), which its roles wait for; odd lengths, so the padded rows of a head's last row
+    # block too. The others take the pre-pass for every row.
     (4, 32, 32, 1000, 1000, 128, torch.bfloat16),
     (8, 32, 8, 600, 1700, 64, torch.float16),  # GQA; D = 64: claims instead of zeros
-    (8, 32, 8, 1700, 600, 64, torch.float16),  # causal: the first 1100 rows see no key
-    (4, 16, 16, 700, 900, 256, torch.float16),
+    (8, 32, 8, 1700, 600, 64, torch.float16),  # causal: 106 keys a row, the pre-pass; 1100 rows see none
+    (4, 16, 16, 700, 1600, 256, torch.float16),  # 1600 / 1250 keys a row
 ]
 
 

@@ -7,6 +7,7 @@ import torch
 import fa
 from helpers import (assert_within_lowp_error, poison_cuda_allocator, random_qkv, skip_unless_built,
                      skip_unless_softcap_built, variant_attention)
+from host_checks import MISSING, MISSING_REASON, run_host_check
 
 
 def dsinks_tolerance(sinks, lse, out, dout, dims):
@@ -88,6 +89,21 @@ def test_windows_many_key_tiles_bf16(device, head_dim):
     q, k, v = random_qkv(1, 2, 1, 1100, 1100, head_dim, torch.bfloat16, device)
     check_variant(q, k, v, True, (127, 0))
     check_variant(q, k, v, False, (300, 200))
+
+
+@pytest.mark.skipif(MISSING, reason=MISSING_REASON)
+def test_mean_visible_keys(tmp_path):
+    # The Hopper backward's estimate of the keys a row sees (common/attention_mask.h; from it the
+    # launcher decides who prepares the rows: launch_backward), against the exact mean, on the CPU.
+    run = run_host_check("visible_keys", tmp_path)
+    assert run.returncode == 0
+    lines = run.stdout.split()
+    assert len(lines) == 5 * 14
+    for sq, sk, left, right, got in zip(*[iter(map(int, lines))] * 5):
+        lo = sk - sq - (sk if left < 0 else min(left, sk))
+        hi = sk - sq + (sq if right < 0 else min(right, sq))
+        exact = sum(max(0, min(sk - 1, i + hi) - max(0, i + lo) + 1) for i in range(sq)) / sq
+        assert abs(got - exact) <= 0.02 * exact + 2, (sq, sk, left, right, got, exact)
 
 
 @pytest.mark.parametrize("window", [(33, 0), (-1, -1)], ids=["window", "none"])

@@ -17,11 +17,42 @@
 // and the tiles outside [first_visible_tile, visible_tiles) are never loaded.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+
 #include <cute/tensor.hpp>
 
 #include "fa/params.h"
 
 namespace fa {
+
+// A window's bounds as offsets from a row (AttentionMask below: row r sees the keys [r + lo,
+// r + hi] below seqlen_k), for the kernels and the host alike.
+template <class Index>
+CUTE_HOST_DEVICE constexpr Index window_lo(Index seqlen_q, Index seqlen_k, int window_left) {
+  return seqlen_k - seqlen_q - (window_left < 0 ? seqlen_k : cute::min(Index(window_left), seqlen_k));
+}
+template <class Index>
+CUTE_HOST_DEVICE constexpr Index window_hi(Index seqlen_q, Index seqlen_k, int window_right) {
+  return seqlen_k - seqlen_q + (window_right < 0 ? seqlen_q : cute::min(Index(window_right), seqlen_q));
+}
+
+// The mean number of keys a row of a seqlen_q × seqlen_k attention sees through the window
+// (window_left, window_right: -1 unbounded), from 64 rows sampled evenly (a row's count is
+// piecewise linear in its index, so the error is a few keys): a host-side estimate of the work a
+// row brings to a kernel.
+inline int64_t mean_visible_keys(int64_t seqlen_q, int64_t seqlen_k, int window_left, int window_right) {
+  if (seqlen_q <= 0 || seqlen_k <= 0) return 0;
+  const int64_t lo = window_lo(seqlen_q, seqlen_k, window_left);
+  const int64_t hi = window_hi(seqlen_q, seqlen_k, window_right);
+  constexpr int kSamples = 64;
+  int64_t keys = 0;
+  for (int s = 0; s < kSamples; ++s) {
+    const int64_t row = (2 * s + 1) * seqlen_q / (2 * kSamples);
+    keys += std::max<int64_t>(0, std::min(seqlen_k - 1, row + hi) - std::max<int64_t>(0, row + lo) + 1);
+  }
+  return keys / kSamples;
+}
 
 template <bool kLocal>
 struct AttentionMask {
@@ -37,8 +68,8 @@ struct AttentionMask {
 
   CUTE_DEVICE AttentionMask(int seqlen_q, int seqlen_k_, const ForwardParams& p)
       : seqlen_k(seqlen_k_),
-        lo(seqlen_k_ - seqlen_q - (p.window_left < 0 ? seqlen_k_ : cute::min(p.window_left, seqlen_k_))),
-        hi(seqlen_k_ - seqlen_q + (p.window_right < 0 ? seqlen_q : cute::min(p.window_right, seqlen_q))) {}
+        lo(window_lo(seqlen_q, seqlen_k_, p.window_left)),
+        hi(window_hi(seqlen_q, seqlen_k_, p.window_right)) {}
 
   // The same mask with the keys counted from `keys` (a multiple of the key tile): key j here is
   // key j + keys of this one, so that a mainloop may count its tiles from a window's first.

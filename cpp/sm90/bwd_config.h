@@ -188,6 +188,16 @@ struct BackwardConfig {
   // time at the power limit. At D = 128 the main kernel slowed by about what the pre-pass saved
   // (level at the limit; docs/tried.md, 5a12417).
   static constexpr bool kRowsInMainKernel = kHeadDim != 128;
+  // Not where a row sees few keys on average (a narrow window, short causal rows): the consumers
+  // then need a unit's rows faster than two warps a CTA prepare them (each warp one 1 KB round
+  // trip to memory at a time), and wait. Timed both ways call by call in one process
+  // (tools/bwd_rows.py, H100, 2026-12-07): at D = 64 the pre-pass 0.63x the time with a 128-key
+  // window at (4, 64/8, 8192), 0.93x with 512 keys, 0.97x causal at 1024 tokens (512 keys a row),
+  // but 1.01-1.03x from 640 keys (windows of 640-2048 keys, causal at 1536-8192 tokens); at
+  // D = 256 0.73x with 128 keys, 0.92x with 1024, 0.84x / 0.97x causal at 1024 / 2048 tokens, but
+  // 1.02-1.04x from 1536 keys. The threshold between (head dim 192: 256's, not measured).
+  // FA_BWD_ROWS_MIN_KEYS, read at each call, overrides it.
+  static constexpr int kRowsInMainKernelMinKeys = kHeadDim <= 64 ? 576 : 1152;
   // How much of L2 the causal order's sections may fill (BackwardTileOrder: (batch, kv head) units
   // whose Q, dO and dQ workspace rows stream through L2 together, their key tiles longest first).
   // 20 MB at D = 128: timed call by call against 40 MB in one process (bench.py --interleave,
