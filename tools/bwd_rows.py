@@ -46,7 +46,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=1.5, help="timed cycles per shape")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), fa.__file__, flush=True)
-    clear = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    clear = torch.empty(dense_suite.L2_CLEAR_BYTES, dtype=torch.int8, device="cuda")
     for D in (int(x) for x in args.head_dims.split(",")):
         for (B, Hq, Hk, S, D, causal, window) in CASES[D]:
             g = torch.Generator(device="cuda").manual_seed(0)

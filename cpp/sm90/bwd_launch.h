@@ -117,11 +117,15 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   if (!Config::kdQClaims && !p.deterministic) p.dq_claims = nullptr;
   // The rows of later units prepared by the main kernel's spare warps only where a row sees
   // enough keys (Config::kRowsInMainKernelMinKeys, or FA_BWD_ROWS_MIN_KEYS).
-  int min_keys = Config::kRowsInMainKernelMinKeys;
-  if (const char* keys = std::getenv("FA_BWD_ROWS_MIN_KEYS")) min_keys = std::atoi(keys);
-  const int64_t row_keys =
-      kCausal ? mean_visible_keys(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right) : p.seqlen_k;
-  if (!Config::kRowsInMainKernel || row_keys < min_keys) p.unit_ready = nullptr;
+  if constexpr (Config::kRowsInMainKernel) {
+    int min_keys = Config::kRowsInMainKernelMinKeys;
+    if (const char* keys = std::getenv("FA_BWD_ROWS_MIN_KEYS")) min_keys = std::atoi(keys);
+    const int64_t row_keys =
+        kCausal ? mean_visible_keys(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right) : p.seqlen_k;
+    if (row_keys < min_keys) p.unit_ready = nullptr;
+  } else {
+    p.unit_ready = nullptr;
+  }
 
   const int n_blocks = (p.seqlen_k + Config::kBlockN - 1) / Config::kBlockN;
   const int64_t key_tiles = int64_t(n_blocks) * p.heads_kv * p.batch;
