@@ -57,6 +57,21 @@ template <> struct ShortQueryTile<64, true> {
   static constexpr int kBelowRows = 2048, kBlockM = 128, kBlockN = 128, kStages = 2;
 };
 
+// A tile for narrow windows, where a row sees at most kMaxKeys keys (window_left + 1 +
+// window_right, both bounded): most of a wide key tile's pairs would be masked. Under a 128-key
+// window each consumer warpgroup (64 rows) computes 2 key tiles of 128 (256 keys a row for 128
+// seen) or 3 tiles of 64 (192 keys). D = 64 causal without soft-capping (gpt-oss's
+// 128-key windows) takes 192 × 64 up to 256 keys. Measured (docs/tried.md, narrow windows):
+// window (127, 0) 1.07×, with sinks 1.09×, (255, 0) 1.02×, (511, 0) 0.97× of 192 × 128;
+// 128 × 64 and 128 × 128 slower.
+template <int kHeadDim, bool kCausal>
+struct NarrowWindowTile {
+  static constexpr int kMaxKeys = 0;  // none
+};
+template <> struct NarrowWindowTile<64, true> {
+  static constexpr int kMaxKeys = 256, kBlockM = 192, kBlockN = 64, kStages = 2;
+};
+
 // A second tile for long key sequences, where a wider key tile spreads each step's softmax and
 // barriers over more tensor-core work and its last, partial tile costs little: D = 128 non-causal
 // takes 128 × 144 from 8192 keys on, the widest tile whose consumers still hold Q in registers
@@ -244,6 +259,13 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
   using Element = cutlass_element_t<ElementTag>;
   using Short = ShortQueryTile<kHeadDim, kCausal>;
   using Long = LongKeyTile<kHeadDim, kCausal>;
+  using Narrow = NarrowWindowTile<kHeadDim, kCausal>;
+  if constexpr (Narrow::kMaxKeys > 0 && !kSoftcap) {
+    if (params.window_left >= 0 && params.window_right >= 0 &&
+        int64_t(params.window_left) + 1 + params.window_right <= Narrow::kMaxKeys) {
+      return launch_forward<ForwardConfigOf<Element, kHeadDim, Narrow>, kCausal, kSoftcap>(params, stream);
+    }
+  }
   if constexpr (Short::kBelowRows > 0) {
     if (params.seqlen_q < Short::kBelowRows) {
       return launch_forward<ForwardConfigOf<Element, kHeadDim, Short>, kCausal, kSoftcap>(params, stream);
