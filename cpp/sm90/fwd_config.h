@@ -33,7 +33,12 @@ using KMajorAtom = std::conditional_t<
 // K-major, so V comes transposed ((head dim, keys), keys contiguous: ForwardParams::v), and P
 // enters O += P V as e4m3 in registers, permuted across each quad (fragments.h). The output is
 // 16-bit: ElementOut's bytes, filled with bf16 or fp16 (ForwardParams::out_fp16).
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kHeadDimV_ = kHeadDim_>
+//
+// kCtasPerSm_ = 2: two CTAs share an SM (two consumer warpgroups each), each with half the
+// registers and at most half the shared memory, so that one CTA's fixed costs a tile (Q's wait,
+// the first softmax, the epilogue) run under the other's steps (fwd_launch.h, NarrowWindowTile).
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, int kHeadDimV_ = kHeadDim_,
+          int kCtasPerSm_ = 1>
 struct ForwardConfig {
   using Element = Element_;
   static constexpr bool kFp8 = sizeof(Element) == 1;
@@ -43,16 +48,23 @@ struct ForwardConfig {
   static constexpr int kBlockM = kBlockM_;  // query rows of a tile: 64 per consumer warpgroup
   static constexpr int kBlockN = kBlockN_;  // keys per step
   static constexpr int kStages = kStages_;  // K and V buffers each
+  static constexpr int kCtasPerSm = kCtasPerSm_;
+  // The shared memory a CTA may use: all of it, or its share of the SM's 228 KB less the 1 KB the
+  // runtime reserves a CTA.
+  static constexpr int kSmemBudget = kCtasPerSm == 1 ? kMaxSmemBytes : 233472 / kCtasPerSm - 1024;
 
   static constexpr int kMmaWarpgroups = kBlockM / 64;
   static constexpr int kMmaThreads = kMmaWarpgroups * 128;
   static constexpr int kThreads = kMmaThreads + 128;  // + the producer warpgroup (one warp loads)
   // setmaxnreg: the producer warpgroup gives registers to the consumers (64K registers a CTA):
-  // 24 + 2 x 240, or 32 + 3 x 160 with three consumer warpgroups.
+  // 24 + 2 x 240, or 32 + 3 x 160 with three consumer warpgroups. Two CTAs an SM start with 80
+  // registers a thread each (__launch_bounds__: 384 threads, two CTAs), 24 + 2 x 104 after.
   static_assert(kMmaWarpgroups == 2 || kMmaWarpgroups == 3, "two or three consumer warpgroups");
+  static_assert(kCtasPerSm == 1 || (kCtasPerSm == 2 && kMmaWarpgroups == 2),
+                "two CTAs an SM: two consumer warpgroups each");
   static constexpr int kProducerRegisters = kMmaWarpgroups == 2 ? 24 : 32;
-  static constexpr int kMmaRegisters = kMmaWarpgroups == 2 ? 240 : 160;
-  static_assert(kProducerRegisters * 128 + kMmaRegisters * kMmaThreads <= 65536);
+  static constexpr int kMmaRegisters = kCtasPerSm == 2 ? 104 : kMmaWarpgroups == 2 ? 240 : 160;
+  static_assert((kProducerRegisters * 128 + kMmaRegisters * kMmaThreads) * kCtasPerSm <= 65536);
 
   // How many of a thread's two rows of S have their exponentials computed before the wait for
   // the previous step's O GEMM (fwd_mainloop.h); -1: no fence, the compiler places the wait.
@@ -101,11 +113,12 @@ struct ForwardConfig {
   // for S, a third less of S's reads and a fifth of all the consumers' shared-memory reads a step.
   // Where the registers allow: two consumer warpgroups (240 registers) on steps of at most 144 keys
   // at D ≤ 128 — at D = 128 and 128 keys Q's 32 registers a thread beside S's 64, P's 32 and O's
-  // 64. (ptxas spills with three warpgroups, 160 registers, at D = 64, and on 160- or 176-key
-  // D = 128 tiles.) Measured at D = 128 (docs/tried.md, b14956e): 0.7–1.1% fewer cycles a
+  // 64. (ptxas spills with three warpgroups, 160 registers, at D = 64, on 160- or 176-key D = 128
+  // tiles, and with two CTAs an SM.) Measured at D = 128 (docs/tried.md, b14956e): 0.7–1.1% fewer cycles a
   // call at the power limit on the 128-key tiles, 1–3% faster in bench.py; the 144-key tile with Q
   // in registers 0.7–1.5% fewer cycles than 176 keys without.
-  static constexpr bool kQInRegisters = !kFp8 && kMmaWarpgroups == 2 && kHeadDim <= 128 && kBlockN <= 144;
+  static constexpr bool kQInRegisters =
+      !kFp8 && kCtasPerSm == 1 && kMmaWarpgroups == 2 && kHeadDim <= 128 && kBlockN <= 144;
   using MmaWarpgroups = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
   using MmaSShape = cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
   using MmaSAtom = std::conditional_t<kQInRegisters, decltype(rs_op<Element, MmaSShape>()),
@@ -138,12 +151,12 @@ struct ForwardConfig {
   // separate output tile fit, it has its own buffer (the next tile's Q can load while this one's
   // output is written); otherwise it reuses Q's, which is free once the last S = Q Kᵀ is done.
   static constexpr int kKVBytes = kStages * (kKTileBytes + kVTileBytes);
-  static constexpr bool kOutputAliasesQ = kQBytes + kOBytes + kKVBytes + 1024 > kMaxSmemBytes;
+  static constexpr bool kOutputAliasesQ = kQBytes + kOBytes + kKVBytes + 1024 > kSmemBudget;
   static_assert(!(kFp8 && kOutputAliasesQ), "the FP8 output tile is wider than Q's buffer");
   // Q's buffers: two where a second one fits beside the output tile (the next tile's Q then loads
   // while this tile runs, and the producer goes on to the next tile's K and V at once; with one,
   // both wait until this tile's last S = Q Kᵀ is done), else one.
-  static constexpr int kQStages = !kOutputAliasesQ && 2 * kQBytes + kOBytes + kKVBytes + 1024 <= kMaxSmemBytes ? 2 : 1;
+  static constexpr int kQStages = !kOutputAliasesQ && 2 * kQBytes + kOBytes + kKVBytes + 1024 <= kSmemBudget ? 2 : 1;
 
   struct Empty {};
   struct SharedStorage {
@@ -158,7 +171,7 @@ struct ForwardConfig {
     int next_tile[kMmaWarpgroups];  // dynamic scheduling: the next tile index, one slot a warpgroup
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes <= kMaxSmemBytes, "tile does not fit in shared memory");
+  static_assert(kSmemBytes <= kSmemBudget, "tile does not fit in shared memory");
 
   // Key tiles that query rows [row_begin, row_begin + rows) see (0: none of them sees a key, or
   // they all lie past seqlen_q).

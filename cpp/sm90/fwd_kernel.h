@@ -10,13 +10,14 @@
 //   warpgroups 1 .. W     consumers (fwd_mainloop.h), W = 2 or 3: 64 query rows each; S = Q Kᵀ and
 //                         O += P V on wgmma, the softmax in between, taking turns at the tensor
 //                         cores (ping-pong) and overlapping each tile's softmax with the previous
-//                         tile's O GEMM. 240 registers a thread (160 when W = 3). Then the epilogue
-//                         (fwd_epilogue.h).
+//                         tile's O GEMM. 240 registers a thread (160 when W = 3; 104 with two CTAs
+//                         an SM). Then the epilogue (fwd_epilogue.h).
 //
-// The grid is persistent: about one CTA per SM, each walking its share of the work tiles in the
-// scheduler's order (tile_scheduler.h: longest first for causal, heads grouped so K and V stay in
-// L2; causal tiles handed out one at a time from a global counter). Non-causal dense batches run
-// on CTA pairs where they can (fwd_launch.h: clusters of two CTAs on adjacent query tiles of one
+// The grid is persistent: about one CTA per SM (two for the narrow-window tile: ForwardConfig::
+// kCtasPerSm), each walking its share of the work tiles in the scheduler's order
+// (tile_scheduler.h: longest first for causal, heads grouped so K and V stay in L2; causal tiles
+// handed out one at a time from a global counter). Non-causal dense batches run on CTA pairs
+// where they can (fwd_launch.h: clusters of two CTAs on adjacent query tiles of one
 // head, each loading half of every K and V tile into both). Synchronisation: q_full (TMA
 // transaction barriers, one per Q buffer) hands Q to the consumers; the K and V pipelines'
 // full/empty barriers hand each buffer back and forth; q_empty (two Q buffers) or the kQueryEmpty
@@ -153,7 +154,7 @@ CUTE_DEVICE void run_roles(Params const& params, Storage& smem, KVPipeline& pipe
 }
 
 template <class Config, bool kCausal, bool kSoftcap, class Params>
-__global__ void __launch_bounds__(Config::kThreads, 1)
+__global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
     forward_kernel(const __grid_constant__ Params params) {
   using namespace cute;
   using KVPipeline = typename Config::KVPipeline;

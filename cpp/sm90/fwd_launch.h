@@ -60,16 +60,21 @@ template <> struct ShortQueryTile<64, true> {
 // A tile for narrow windows, where a row sees at most kMaxKeys keys (window_left + 1 +
 // window_right, both bounded): most of a wide key tile's pairs would be masked. Under a 128-key
 // window each consumer warpgroup (64 rows) computes 2 key tiles of 128 (256 keys a row for 128
-// seen) or 3 tiles of 64 (192 keys). D = 64 causal without soft-capping (gpt-oss's
-// 128-key windows) takes 192 × 64 up to 256 keys. Measured (docs/tried.md, narrow windows):
-// window (127, 0) 1.07×, with sinks 1.09×, (255, 0) 1.02×, (511, 0) 0.97× of 192 × 128;
-// 128 × 64 and 128 × 128 slower.
+// seen) or 3 tiles of 64 (192 keys), and a query tile is a few steps long, so its fixed costs (Q's
+// wait, the first softmax, the epilogue) weigh as much as its steps. D = 64 causal without
+// soft-capping (gpt-oss's 128-key windows) takes 128 × 64 with two CTAs an SM up to 256 keys: one
+// CTA's fixed costs run under the other's steps. Measured (docs/tried.md, narrow windows), against
+// 192 × 128 at (4, 64/8, 8192): 192 × 64 1.07× at window (127, 0), 1.02× at (255, 0), 0.97× at
+// (511, 0), 128 × 64 and 128 × 128 (one CTA an SM) slower; 128 × 64 with two CTAs an SM (its
+// consumers spill 128 bytes) 1.06–1.08× 192 × 64's at (127, 0) with and without sinks, 1.02× at
+// (255, 0), 1.01–1.12× below 2048 query rows, where 192 × 64 was 1.04–1.24× the short-query
+// 128 × 128 (both dtypes).
 template <int kHeadDim, bool kCausal>
 struct NarrowWindowTile {
   static constexpr int kMaxKeys = 0;  // none
 };
 template <> struct NarrowWindowTile<64, true> {
-  static constexpr int kMaxKeys = 256, kBlockM = 192, kBlockN = 64, kStages = 2;
+  static constexpr int kMaxKeys = 256, kBlockM = 128, kBlockN = 64, kStages = 2, kCtasPerSm = 2;
 };
 
 // A second tile for long key sequences, where a wider key tile spreads each step's softmax and
@@ -227,10 +232,10 @@ cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
 
   constexpr auto kernel = &forward_kernel<Config, kCausal, kSoftcap, Params>;
   constexpr int kSmem = Config::kSmemBytes;
-  err = opt_in_shared_memory<kernel>(kSmem);
+  err = opt_in_shared_memory<kernel>(kSmem, /*max_carveout=*/Config::kCtasPerSm > 1);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(TileScheduler::grid_size(params.scheduler, sms), 1, 1);
+  config.gridDim = dim3(TileScheduler::grid_size(params.scheduler, sms * Config::kCtasPerSm), 1, 1);
   config.blockDim = dim3(Config::kThreads, 1, 1);
   config.dynamicSmemBytes = kSmem;
   config.stream = stream;
@@ -263,7 +268,9 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
   if constexpr (Narrow::kMaxKeys > 0 && !kSoftcap) {
     if (params.window_left >= 0 && params.window_right >= 0 &&
         int64_t(params.window_left) + 1 + params.window_right <= Narrow::kMaxKeys) {
-      return launch_forward<ForwardConfigOf<Element, kHeadDim, Narrow>, kCausal, kSoftcap>(params, stream);
+      using Config = ForwardConfig<Element, kHeadDim, Narrow::kBlockM, Narrow::kBlockN, Narrow::kStages, kHeadDim,
+                                   Narrow::kCtasPerSm>;
+      return launch_forward<Config, kCausal, kSoftcap>(params, stream);
     }
   }
   if constexpr (Short::kBelowRows > 0) {

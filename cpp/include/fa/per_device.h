@@ -35,12 +35,17 @@ int once_per_device(Ask&& ask) {
 
 // Opts kKernel in to `bytes` of dynamic shared memory (the opt-in above 48 KB) on the current
 // device, once per device and kernel (`bytes` must be the same at every call on a device); the
-// runtime's error where it fails (then tried again at the next call).
+// runtime's error where it fails (then tried again at the next call). max_carveout: also asks for
+// the largest shared-memory carve-out of L1 (for kernels that run several CTAs an SM).
 template <auto kKernel>
-cudaError_t opt_in_shared_memory(int bytes) {
+cudaError_t opt_in_shared_memory(int bytes, bool max_carveout = false) {
   cudaError_t err = cudaSuccess;
   once_per_device([&](int) {
     err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err == cudaSuccess && max_carveout) {
+      err = cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    }
     return err == cudaSuccess ? 1 : 0;
   });
   return err;
