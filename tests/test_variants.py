@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fa
-from helpers import (assert_within_lowp_error, poison_cuda_allocator, random_qkv, skip_unless_built,
+from helpers import (assert_within_lowp_error, kernel_names, poison_cuda_allocator, random_qkv, skip_unless_built,
                      skip_unless_softcap_built, variant_attention)
 from host_checks import MISSING, MISSING_REASON, run_host_check
 
@@ -89,6 +89,28 @@ def test_windows_many_key_tiles_bf16(device, head_dim):
     q, k, v = random_qkv(1, 2, 1, 1100, 1100, head_dim, torch.bfloat16, device)
     check_variant(q, k, v, True, (127, 0))
     check_variant(q, k, v, False, (300, 200))
+
+
+@pytest.mark.parametrize("window", [(127, 0), (255, 0), (256, 0), (100, 100), (100, 200), (127, -1)],
+                         ids=["128", "256", "257", "both-201", "both-301", "left-only"])
+def test_narrow_windows_take_the_two_cta_tile(family, window):
+    # The Hopper forward at head dim 64 runs windows of at most 256 keys (both bounds set) on
+    # 128 × 64 tiles, two CTAs an SM (sm90/fwd_launch.h, NarrowWindowTile); wider or half-open
+    # windows on the causal unit's other tiles.
+    q, k, v = random_qkv(1, 2, 2, 300, 300, 64, torch.float16, "cuda")
+    names = kernel_names(lambda: torch.ops.fa.forward(q, k, v, None, False, *window))
+    forward = [n for n in names if "forward_kernel" in n]
+    narrow = any("64, 128, 64, 2, 64, 2>" in n or "Li64ELi128ELi64ELi2ELi64ELi2EEE" in n for n in forward)
+    bounded = window[0] >= 0 and window[1] >= 0 and window[0] + 1 + window[1] <= 256
+    expected = family == "sm90" and 64 in fa.build_info()["sm90_head_dims"] and bounded
+    assert forward and narrow == expected, names
+
+
+def test_narrow_window_tiles_outnumber_the_ctas(family):
+    # More 128-row query tiles than the two-CTA grid has CTAs (two an SM), so that each CTA runs
+    # several, with a partial last tile and GQA.
+    q, k, v = random_qkv(4, 16, 2, 2100, 2100, 64, torch.bfloat16, "cuda")
+    check_variant(q, k, v, True, (127, 0), grads=False)
 
 
 @pytest.mark.skipif(MISSING, reason=MISSING_REASON)
