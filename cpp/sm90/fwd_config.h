@@ -14,8 +14,11 @@
 
 namespace fa::sm90 {
 
-// Shared memory one CTA may use on sm90 (227 KB).
-inline constexpr int kMaxSmemBytes = 232448;
+// Shared memory of an sm90 SM (228 KB), and what one CTA may use of it: the rest less the 1 KB the
+// runtime reserves a CTA (227 KB for a CTA alone).
+inline constexpr int kSmemPerSm = 233472;
+constexpr int smem_per_cta(int ctas_per_sm) { return kSmemPerSm / ctas_per_sm - 1024; }
+inline constexpr int kMaxSmemBytes = smem_per_cta(1);
 
 // The K-major shared-memory atom for rows of kExtent elements: the widest swizzle (128, 64 or 32
 // bytes) whose row the extent fills, so that wgmma and TMA both read it without bank conflicts.
@@ -49,9 +52,7 @@ struct ForwardConfig {
   static constexpr int kBlockN = kBlockN_;  // keys per step
   static constexpr int kStages = kStages_;  // K and V buffers each
   static constexpr int kCtasPerSm = kCtasPerSm_;
-  // The shared memory a CTA may use: all of it, or its share of the SM's 228 KB less the 1 KB the
-  // runtime reserves a CTA.
-  static constexpr int kSmemBudget = kCtasPerSm == 1 ? kMaxSmemBytes : 233472 / kCtasPerSm - 1024;
+  static constexpr int kSmemBudget = smem_per_cta(kCtasPerSm);  // the shared memory a CTA may use
 
   static constexpr int kMmaWarpgroups = kBlockM / 64;
   static constexpr int kMmaThreads = kMmaWarpgroups * 128;
@@ -114,9 +115,9 @@ struct ForwardConfig {
   // Where the registers allow: two consumer warpgroups (240 registers) on steps of at most 144 keys
   // at D ≤ 128 — at D = 128 and 128 keys Q's 32 registers a thread beside S's 64, P's 32 and O's
   // 64. (ptxas spills with three warpgroups, 160 registers, at D = 64, on 160- or 176-key D = 128
-  // tiles, and with two CTAs an SM.) Measured at D = 128 (docs/tried.md, b14956e): 0.7–1.1% fewer cycles a
-  // call at the power limit on the 128-key tiles, 1–3% faster in bench.py; the 144-key tile with Q
-  // in registers 0.7–1.5% fewer cycles than 176 keys without.
+  // tiles, and with two CTAs an SM.) Measured at D = 128 (docs/tried.md, b14956e): 0.7–1.1% fewer
+  // cycles a call at the power limit on the 128-key tiles, 1–3% faster in bench.py; the 144-key
+  // tile with Q in registers 0.7–1.5% fewer cycles than 176 keys without.
   static constexpr bool kQInRegisters =
       !kFp8 && kCtasPerSm == 1 && kMmaWarpgroups == 2 && kHeadDim <= 128 && kBlockN <= 144;
   using MmaWarpgroups = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;

@@ -17,8 +17,8 @@
 // kCtasPerSm), each walking its share of the work tiles in the scheduler's order
 // (tile_scheduler.h: longest first for causal, heads grouped so K and V stay in L2; causal tiles
 // handed out one at a time from a global counter). Non-causal dense batches run on CTA pairs
-// where they can (fwd_launch.h: clusters of two CTAs on adjacent query tiles of one
-// head, each loading half of every K and V tile into both). Synchronisation: q_full (TMA
+// where they can (fwd_launch.h: clusters of two CTAs on adjacent query tiles of one head, each
+// loading half of every K and V tile into both). Synchronisation: q_full (TMA
 // transaction barriers, one per Q buffer) hands Q to the consumers; the K and V pipelines'
 // full/empty barriers hand each buffer back and forth; q_empty (two Q buffers) or the kQueryEmpty
 // named barrier (one) tells the producer that a Q buffer is free again (ForwardConfig::kQStages);
