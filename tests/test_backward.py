@@ -309,6 +309,27 @@ def test_gradients_with_other_l2_sections(device, monkeypatch, budget_mb):
     check_backward(q, k, v, True)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", [(2, 8, 2, 700, 1500, 128, torch.bfloat16), (2, 4, 4, 1500, 600, 128, torch.float16)],
+                         ids=lambda c: "x".join(map(str, c[:6])))
+def test_gradients_with_dq_claims_and_with_zeros(device, monkeypatch, case, causal):
+    # The Hopper backward at D = 128 claims dQ's workspace tiles instead of zeroing them where a row
+    # sees at most FA_BWD_DQ_CLAIMS_MAX_KEYS keys (read at each call; cpp/sm90/bwd_config.h): both
+    # ways must give the reference's gradients, and the same dK and dV bits (dQ's sums may differ in
+    # their last bits). GQA; the second case's causal rows from 600 on see no key, so its last query
+    # tiles are never claimed and read as zeros.
+    if device == "cpu":
+        pytest.skip("the Hopper family's dQ workspace: CUDA only")
+    q, k, v = random_qkv(*case, device)
+    grads = {}
+    for max_keys in ("0", "1000000000"):
+        monkeypatch.setenv("FA_BWD_DQ_CLAIMS_MAX_KEYS", max_keys)
+        torch.manual_seed(1)  # the same dout both ways
+        grads[max_keys] = check_backward(q, k, v, causal)
+    zeros, claims = grads.values()
+    assert torch.equal(zeros[2], claims[2]) and torch.equal(zeros[3], claims[3])
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_backward_family_serves_the_call(family, head_dim):
     # The Hopper family serves the backward for its native backward head dims (those of

@@ -178,10 +178,17 @@ struct BackwardConfig {
   static constexpr bool kdQFromRegisters = kSplitHeadDim;
   static constexpr int kdQStages = kdQFromRegisters ? 0 : 2;
   // The workspace's query tiles claimed instead of zeroed (common/dq_claims.h) at head dim 64: its
-  // backward 1.7–3% faster. At D = 128 the claims cost 0–8% (the longer non-causal rows the most):
-  // there about half of the steps found their tile claimed and unpublished and waited for it
-  // (docs/tried.md, 4b7f035).
+  // backward 1.7–3% faster. At D = 128 a run-time choice (kdQClaimsAtRunTime): claims where a row
+  // sees few keys, whose call the zeros' round trip through memory weighs on most. Timed both ways
+  // call by call in one process (tools/bwd_rows.py --knob claims, H100, 2026-12-07; claims / zeros):
+  // at (4, 32, 8192) windows of 512 and 1024 keys 0.91 and 0.96, causal at 1024 and 2048 tokens
+  // 0.93 and 0.97; but level from about 1800 keys a row (a 2048-key window 1.00, causal at 4096
+  // tokens 1.01) and 2-4% slower from 4096 (causal at 8192 and 16384 tokens, non-causal at 8192,
+  // a 4096-key window), as in 4b7f035's measurement (docs/tried.md). The threshold between
+  // (mean_visible_keys, attention_mask.h); FA_BWD_DQ_CLAIMS_MAX_KEYS, read at each call, overrides it.
   static constexpr bool kdQClaims = !kdQFromRegisters && kHeadDim <= 64;
+  static constexpr bool kdQClaimsAtRunTime = !kdQFromRegisters && !kdQClaims;
+  static constexpr int kdQClaimsMaxKeys = 1536;
   // The rows of the units past the first two waves' prepared by the main kernel's warps 2 and 3
   // instead of the pre-pass (BackwardParams::unit_ready), at head dims 64 and 256: there the
   // backward's kernels took 1.2–2.8% (D = 64) and 0–4.4% (D = 256) less time, 0.986–1.001× the

@@ -111,18 +111,28 @@ cudaError_t launch_backward(const BackwardParams& call, cudaStream_t stream) {
   using Element = typename Config::Element;
   constexpr int kHeadDim = Config::kHeadDim;
   static_assert(kBackwardRowPadding % Config::kBlockM == 0, "query tiles inside the padded workspaces");
-  // dQ's workspace tiles are claimed (common/dq_claims.h) where Config::kdQClaims says so, and
-  // taken in turns where the call is deterministic; else the pre-pass zeroes the workspace.
+  // dQ's workspace tiles are claimed (common/dq_claims.h) where Config::kdQClaims says so, or
+  // Config::kdQClaimsAtRunTime and a row sees at most kdQClaimsMaxKeys keys on average, and taken
+  // in turns where the call is deterministic; else the pre-pass zeroes the workspace.
   BackwardParams p = call;
-  if (!Config::kdQClaims && !p.deterministic) p.dq_claims = nullptr;
+  // The keys a row sees on average (estimated only where a choice below depends on it), and a
+  // threshold's default or the environment variable that overrides it at each call.
+  auto row_keys = [&] {
+    return kCausal ? mean_visible_keys(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right) : int64_t(p.seqlen_k);
+  };
+  auto keys_from_env = [](const char* name, int keys) {
+    const char* value = std::getenv(name);
+    return value != nullptr ? std::atoi(value) : keys;
+  };
+  bool claims = Config::kdQClaims;
+  if constexpr (Config::kdQClaimsAtRunTime) {
+    claims = row_keys() <= keys_from_env("FA_BWD_DQ_CLAIMS_MAX_KEYS", Config::kdQClaimsMaxKeys);
+  }
+  if (!claims && !p.deterministic) p.dq_claims = nullptr;
   // The rows of later units prepared by the main kernel's spare warps only where a row sees
   // enough keys (Config::kRowsInMainKernelMinKeys, or FA_BWD_ROWS_MIN_KEYS).
   if constexpr (Config::kRowsInMainKernel) {
-    int min_keys = Config::kRowsInMainKernelMinKeys;
-    if (const char* keys = std::getenv("FA_BWD_ROWS_MIN_KEYS")) min_keys = std::atoi(keys);
-    const int64_t row_keys =
-        kCausal ? mean_visible_keys(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right) : p.seqlen_k;
-    if (row_keys < min_keys) p.unit_ready = nullptr;
+    if (row_keys() < keys_from_env("FA_BWD_ROWS_MIN_KEYS", Config::kRowsInMainKernelMinKeys)) p.unit_ready = nullptr;
   } else {
     p.unit_ready = nullptr;
   }

@@ -316,8 +316,9 @@ CUTE_DEVICE void for_each_key_tile_in_warp1(Params const& params, Handoff const&
 //   kdQEmpty + w  the writer arrives once the buffer of step t + 1 (the one step t + 1 -
 //                 kdQStages used) has been read by its reduction; the consumers wait before
 //                 writing into it.
-// Config::kdQClaims: the workspace is not zeroed; the first key tile to come to a query tile stores
-// its partial, and the others add to it once that store is complete (common/dq_claims.h).
+// Config::kdQClaims (or kdQClaimsAtRunTime and BackwardParams::dq_claims set): the workspace is
+// not zeroed; the first key tile to come to a query tile stores its partial, and the others add to
+// it once that store is complete (common/dq_claims.h).
 // Deterministic: the key tiles add in turn, the first in the order storing (common/dq_claims.h);
 // the writer waits for its turn, and passes it on at its next step (or the tile's end), once its
 // additions have completed: in a tile of kLateTurnSteps steps or fewer before waiting for the next
@@ -341,6 +342,9 @@ struct BackwardDqWriter {
     constexpr int kFloats = Config::kdQWarpgroupFloats;
     const BackwardParams& p = params.attn;
     const bool leader = cute::elect_one_sync();
+    // Claims instead of a zeroed workspace (the launcher leaves dq_claims set where it chose them).
+    const bool claiming =
+        Config::kdQClaims || (Config::kdQClaimsAtRunTime && p.dq_claims != nullptr && !p.deterministic);
     int* pending = nullptr;  // the leader's: a tile it stored whose claim (turn) it has not published (passed)
     auto publish = [&] {
       if (pending != nullptr) {
@@ -384,7 +388,7 @@ struct BackwardDqWriter {
             fence_view_async_global();  // the bulk operations after the acquire
             state = turn == 0 ? kUnclaimed : kWritten;
           }
-        } else if constexpr (Config::kdQClaims) {
+        } else if (claiming) {
           if (leader) {
             publish();  // the step before's store (if first there) has had a step to complete
             state = dq_claim(claim);
@@ -397,7 +401,7 @@ struct BackwardDqWriter {
             if (state == kUnclaimed) {
               bulk_store(dq_tile + w * kFloats, staging + w * kFloats, kFloats * int(sizeof(float)));
             } else {
-              if (Config::kdQClaims && w == 0) {
+              if (claiming && w == 0) {
                 if (state == kClaimed) dq_claim_wait_written(claim);  // this CTA holds no unpublished claim
                 fence_view_async_global();  // the bulk reduction after the acquire
               }
