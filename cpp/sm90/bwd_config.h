@@ -183,7 +183,7 @@ struct BackwardConfig {
   // call by call in one process (tools/bwd_rows.py --knob claims, H100, 2026-12-07; claims / zeros):
   // at (4, 32, 8192) windows of 512 and 1024 keys 0.91 and 0.96, causal at 1024 and 2048 tokens
   // 0.93 and 0.97; but level from about 1800 keys a row (a 2048-key window 1.00, causal at 4096
-  // tokens 1.01) and 2-4% slower from 4096 (causal at 8192 and 16384 tokens, non-causal at 8192,
+  // tokens 1.01) and 2–5% slower from 3584 (causal at 8192 and 16384 tokens, non-causal at 8192,
   // a 4096-key window), as in 4b7f035's measurement (docs/tried.md). kdQClaimsMaxKeys lies between:
   // claims where a row sees at most that many keys on average (mean_visible_keys, attention_mask.h);
   // FA_BWD_DQ_CLAIMS_MAX_KEYS, read at each call, overrides it.
