@@ -66,9 +66,9 @@ template <> struct ShortQueryTile<64, true> {
 // CTA's fixed costs run under the other's steps. Measured (docs/tried.md, narrow windows), against
 // 192 × 128 at (4, 64/8, 8192): 192 × 64 1.07× at window (127, 0), 1.02× at (255, 0), 0.97× at
 // (511, 0), 128 × 64 and 128 × 128 (one CTA an SM) slower; 128 × 64 with two CTAs an SM (its
-// consumers spill 128 bytes) 1.06–1.08× 192 × 64's at (127, 0) with and without sinks, 1.02× at
-// (255, 0), 1.01–1.12× below 2048 query rows, where 192 × 64 was 1.04–1.24× the short-query
-// 128 × 128 (both dtypes).
+// consumers spill 128 bytes, and ptxas serialises their wgmma: C7512, docs/performance.md)
+// 1.06–1.08× 192 × 64's at (127, 0) with and without sinks, 1.02× at (255, 0), 1.01–1.12× below
+// 2048 query rows, where 192 × 64 was 1.04–1.24× the short-query 128 × 128 (both dtypes).
 template <int kHeadDim, bool kCausal>
 struct NarrowWindowTile {
   static constexpr int kMaxKeys = 0;  // none
